@@ -1,0 +1,365 @@
+package pgtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// pgBins is a directory holding the server binaries of one PostgreSQL
+// version. All tools are taken from the same directory, so that initdb,
+// postgres and pg_basebackup agree on the version (and Debian's pg_wrapper
+// scripts in /usr/bin are bypassed).
+type pgBins struct{ dir string }
+
+func (b pgBins) path(tool string) string { return filepath.Join(b.dir, tool) }
+
+var (
+	binsOnce sync.Once
+	binsVal  pgBins
+	binsErr  error
+)
+
+// findBins locates initdb and pg_ctl: PGFENCE_TEST_PG_BINDIR, then PATH,
+// then pg_config --bindir, then well-known install directories (highest
+// version first).
+func findBins() (pgBins, error) {
+	binsOnce.Do(func() { binsVal, binsErr = lookupBins() })
+	return binsVal, binsErr
+}
+
+func lookupBins() (pgBins, error) {
+	usable := func(dir string) bool {
+		for _, tool := range []string{"initdb", "pg_ctl", "postgres"} {
+			if fi, err := os.Stat(filepath.Join(dir, tool)); err != nil || fi.IsDir() {
+				return false
+			}
+		}
+		return true
+	}
+	if d := os.Getenv(EnvBinDir); d != "" {
+		if usable(d) {
+			return pgBins{dir: d}, nil
+		}
+		return pgBins{}, fmt.Errorf("%s=%s lacks initdb, pg_ctl or postgres", EnvBinDir, d)
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil && usable(filepath.Dir(r)) {
+			return pgBins{dir: filepath.Dir(r)}, nil
+		}
+		if usable(filepath.Dir(p)) {
+			return pgBins{dir: filepath.Dir(p)}, nil
+		}
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		if d := strings.TrimSpace(string(out)); usable(d) {
+			return pgBins{dir: d}, nil
+		}
+	}
+	var dirs []string
+	for _, pattern := range []string{
+		"/usr/lib/postgresql/*/bin",
+		"/usr/pgsql-*/bin",
+		"/opt/homebrew/opt/postgresql@*/bin",
+		"/usr/local/opt/postgresql@*/bin",
+		"/usr/local/pgsql/bin",
+	} {
+		m, _ := filepath.Glob(pattern)
+		dirs = append(dirs, m...)
+	}
+	sort.SliceStable(dirs, func(i, j int) bool { return dirVersion(dirs[i]) > dirVersion(dirs[j]) })
+	for _, d := range dirs {
+		if usable(d) {
+			return pgBins{dir: d}, nil
+		}
+	}
+	return pgBins{}, errors.New("initdb/pg_ctl not found (PATH, pg_config --bindir, /usr/lib/postgresql/*/bin)")
+}
+
+var versionRe = regexp.MustCompile(`(\d+)(?:\.(\d+))?`)
+
+// dirVersion extracts a sortable version number from an install directory
+// such as /usr/lib/postgresql/15/bin or /usr/pgsql-9.6/bin.
+func dirVersion(dir string) int {
+	m := versionRe.FindAllStringSubmatch(dir, -1)
+	if len(m) == 0 {
+		return 0
+	}
+	last := m[len(m)-1]
+	major, _ := strconv.Atoi(last[1])
+	minor, _ := strconv.Atoi(last[2])
+	return major*1000 + minor
+}
+
+var (
+	credOnce sync.Once
+	credVal  *syscall.Credential
+	credErr  error
+)
+
+// pgCredential returns the credential to run server binaries with: nil when
+// not root (they run as the current user), the OS user postgres when root,
+// because initdb and postgres refuse to run as root.
+func pgCredential() (*syscall.Credential, error) {
+	credOnce.Do(func() {
+		if os.Geteuid() != 0 {
+			return
+		}
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			credErr = fmt.Errorf("running as root and no OS user postgres to run the server as: %w", err)
+			return
+		}
+		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+		if err1 != nil || err2 != nil {
+			credErr = fmt.Errorf("OS user postgres has a non-numeric uid/gid %s/%s", u.Uid, u.Gid)
+			return
+		}
+		credVal = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	})
+	return credVal, credErr
+}
+
+// instance is one throwaway cluster on disk: base holds the data directory,
+// the server log, the unix socket and an owner file naming the test process,
+// so that a later run can reap it if this one dies before cleaning up.
+type instance struct {
+	bins    pgBins
+	base    string
+	data    string
+	logfile string
+	port    int
+}
+
+const instancePrefix = "pgtest-"
+
+// newInstance creates the directory of a new cluster, owned by the user the
+// server runs as.
+func newInstance(bins pgBins) (*instance, error) {
+	reapStale(bins)
+	cred, err := pgCredential()
+	if err != nil {
+		return nil, err
+	}
+	base, err := os.MkdirTemp("", instancePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("create cluster directory: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		os.RemoveAll(base)
+		return nil, fmt.Errorf("write owner file: %w", err)
+	}
+	if cred != nil {
+		if err := os.Chown(base, int(cred.Uid), int(cred.Gid)); err != nil {
+			os.RemoveAll(base)
+			return nil, fmt.Errorf("chown %s to the postgres user: %w", base, err)
+		}
+	}
+	return &instance{
+		bins:    bins,
+		base:    base,
+		data:    filepath.Join(base, "data"),
+		logfile: filepath.Join(base, "server.log"),
+	}, nil
+}
+
+// initdb creates the data directory and appends conf lines to
+// postgresql.conf.
+func (in *instance) initdb(ctx context.Context, conf []string) error {
+	if _, err := in.run(ctx, "initdb", "-D", in.data, "-A", "trust", "-U", "postgres",
+		"--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
+		return err
+	}
+	return in.appendConf(append([]string{
+		"listen_addresses = '127.0.0.1'",
+		"unix_socket_directories = " + quoteConf(in.base),
+	}, conf...))
+}
+
+// appendConf appends settings to postgresql.conf; later lines win, which is
+// how a standby overrides the port it inherited from its primary.
+func (in *instance) appendConf(lines []string) error {
+	f, err := os.OpenFile(filepath.Join(in.data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open postgresql.conf: %w", err)
+	}
+	_, err = f.WriteString("\n# pgtest\n" + strings.Join(lines, "\n") + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("append to postgresql.conf: %w", err)
+	}
+	return nil
+}
+
+// startNewPort picks a free port and starts the server on it, picking
+// another if some other process grabbed the port in between.
+func (in *instance) startNewPort(ctx context.Context) error {
+	var err error
+	for range 3 {
+		var port int
+		port, err = freePort()
+		if err != nil {
+			return err
+		}
+		if err = in.appendConf([]string{"port = " + strconv.Itoa(port)}); err != nil {
+			return err
+		}
+		in.port = port
+		if err = in.start(ctx); err == nil {
+			return nil
+		}
+		if !strings.Contains(in.logTail(20), "already in use") {
+			return err
+		}
+	}
+	return err
+}
+
+// start starts the server and waits until it accepts connections (pg_ctl -w
+// waits for crash recovery, and for a standby until it allows read-only
+// connections).
+func (in *instance) start(ctx context.Context) error {
+	if _, err := in.run(ctx, "pg_ctl", "start", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)),
+		"-D", in.data, "-l", in.logfile); err != nil {
+		return err
+	}
+	return waitConnect(ctx, in.url("postgres"), nil)
+}
+
+// stop stops the server with the given pg_ctl shutdown mode.
+func (in *instance) stop(ctx context.Context, mode string) error {
+	_, err := in.run(ctx, "pg_ctl", "stop", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)),
+		"-D", in.data, "-m", mode)
+	return err
+}
+
+// running reports whether a postmaster runs on the data directory.
+func (in *instance) running(ctx context.Context) bool {
+	_, err := in.run(ctx, "pg_ctl", "status", "-D", in.data)
+	return err == nil
+}
+
+// destroy stops the server, if any, and removes the whole directory.
+func (in *instance) destroy() {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if in.running(ctx) {
+		if err := in.stop(ctx, "immediate"); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: stop cluster in %s: %v\n", in.base, err)
+		}
+	}
+	if err := os.RemoveAll(in.base); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: remove %s: %v\n", in.base, err)
+	}
+}
+
+// url returns the superuser URL of database db.
+func (in *instance) url(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", in.port, db)
+}
+
+// logTail returns the last n lines of the server log.
+func (in *instance) logTail(n int) string {
+	b, err := os.ReadFile(in.logfile)
+	if err != nil {
+		return fmt.Sprintf("(no server log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// run runs a server tool from the instance's bin directory, as the server's
+// OS user, in the instance directory (a root-owned working directory would
+// make initdb fail), with PG* variables removed so that the caller's
+// environment cannot redirect it.
+func (in *instance) run(ctx context.Context, tool string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, in.bins.path(tool), args...)
+	cmd.Dir = in.base
+	cmd.Env = toolEnv(in.base)
+	cmd.WaitDelay = 5 * time.Second
+	cred, err := pgCredential()
+	if err != nil {
+		return "", err
+	}
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", tool, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
+
+func toolEnv(home string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PG") || strings.HasPrefix(kv, "LC_") ||
+			strings.HasPrefix(kv, "LANG=") || strings.HasPrefix(kv, "HOME=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	// English messages (the port-in-use check reads them) and a home the
+	// server's user can read.
+	return append(env, "LC_ALL=C", "LANG=C", "HOME="+home)
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func quoteConf(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+var reapOnce sync.Once
+
+// reapStale stops and removes clusters left behind by test processes that
+// died without cleaning up (a timeout panic, a kill), once per process.
+func reapStale(bins pgBins) {
+	reapOnce.Do(func() {
+		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), instancePrefix+"*"))
+		for _, base := range dirs {
+			b, err := os.ReadFile(filepath.Join(base, "owner.pid"))
+			if err != nil {
+				continue
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil || pid == os.Getpid() || processAlive(pid) {
+				continue
+			}
+			(&instance{bins: bins, base: base, data: filepath.Join(base, "data")}).destroy()
+		}
+	})
+}
+
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}

@@ -1,0 +1,372 @@
+// Package pgtest is the one test harness of pgfence that provides a real
+// PostgreSQL server. Fencing tokens are only as good as the database semantics
+// they rely on (row locks, advisory locks, durability, failover), so the kit is
+// tested against real servers rather than mocks.
+//
+// Ordinary tests call [Setup] (a fresh database with the kit's migrations
+// applied) or [Empty] (a fresh database without them). Both need a TestMain
+// that calls [Main], so that whatever server the harness started is shut down
+// when the test binary ends:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// The shared server is found lazily, once per test binary, in this order:
+//
+//  1. PGFENCE_TEST_DATABASE_URL: a superuser URL (postgres:// form) to an
+//     existing server; the harness creates and drops its own databases there
+//     (PostgreSQL 13 or newer, for DROP DATABASE ... WITH (FORCE)).
+//  2. Docker, through testcontainers-go (image postgres:15-alpine, or
+//     PGFENCE_TEST_DOCKER_IMAGE), if a Docker daemon answers within two
+//     seconds. PGFENCE_TEST_NO_DOCKER=1 skips this step.
+//  3. A throwaway cluster built from local PostgreSQL binaries (initdb,
+//     pg_ctl), found through PGFENCE_TEST_PG_BINDIR, PATH, pg_config --bindir,
+//     or well-known install directories.
+//
+// When none is available, tests that need a database are skipped, unless
+// PGFENCE_TEST_REQUIRE_DB=1, in which case they fail: CI should set it so that a
+// broken environment cannot pass silently.
+//
+// Fault tests (crash, restart, promotion) call [NewCluster] instead, which
+// always builds a private cluster from local binaries, with fsync on.
+//
+// PGFENCE_TEST_KEEP=1 keeps the databases, roles and cluster directories of
+// failed tests so that a person can inspect them; their URLs are logged.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Environment variables understood by the harness.
+const (
+	// EnvDatabaseURL names a superuser URL of an existing server to use.
+	EnvDatabaseURL = "PGFENCE_TEST_DATABASE_URL"
+	// EnvNoDocker, set to 1, skips the Docker step of server discovery.
+	EnvNoDocker = "PGFENCE_TEST_NO_DOCKER"
+	// EnvRequireDB, set to 1, turns "no PostgreSQL available" from a skip
+	// into a failure.
+	EnvRequireDB = "PGFENCE_TEST_REQUIRE_DB"
+	// EnvKeep, set to 1, keeps the databases of failed tests.
+	EnvKeep = "PGFENCE_TEST_KEEP"
+	// EnvDockerImage overrides the Docker image (default postgres:15-alpine).
+	EnvDockerImage = "PGFENCE_TEST_DOCKER_IMAGE"
+	// EnvBinDir names a directory holding initdb, pg_ctl and friends; it is
+	// tried before PATH.
+	EnvBinDir = "PGFENCE_TEST_PG_BINDIR"
+)
+
+// opTimeout bounds every single harness operation (creating a database,
+// starting a server, waiting for replay...) so that a wedged server turns
+// into a clear test failure rather than a hung test binary.
+const opTimeout = 2 * time.Minute
+
+// mainCalled records that the test binary's TestMain goes through Main, which
+// is what guarantees that a server started by the harness is shut down.
+var mainCalled atomic.Bool
+
+// Main runs the tests of a package and then shuts down whatever shared server
+// the harness started (a local cluster or a Docker container), before exiting
+// with the tests' exit code. Call it from TestMain; Setup, Empty, AdminURL and
+// NewRole refuse to run without it, because a local cluster started without
+// it would outlive the test binary.
+func Main(m *testing.M) {
+	mainCalled.Store(true)
+	code := m.Run()
+	shutdown()
+	os.Exit(code)
+}
+
+// DB is a database created for one test. It is dropped when the test ends
+// (kept, and its URL logged, when the test failed and PGFENCE_TEST_KEEP=1).
+type DB struct {
+	// URL connects to the database as the server's superuser.
+	URL string
+	// Name is the database name, unique on the server.
+	Name string
+	// Pool is a connection pool on URL, closed before the database is
+	// dropped. It has pgxpool's default size; tests that need more, or
+	// pinned, sessions open them with Conn.
+	Pool *pgxpool.Pool
+}
+
+// Setup creates a fresh database for the test, cloned from a template that
+// was migrated up once per test binary with the kit's migrations, so every
+// test starts from the schema users get without paying for the migrations
+// each time. The database, its pool and any Conn are cleaned up with the
+// test.
+func Setup(t testing.TB) *DB {
+	t.Helper()
+	srv := requireServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	tpl, err := srv.template(ctx)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return newDB(t, srv, tpl)
+}
+
+// Empty creates a fresh database without any migration (cloned from
+// template0), for tests of the migrations themselves. It is cleaned up like
+// the databases of Setup.
+func Empty(t testing.TB) *DB {
+	t.Helper()
+	srv := requireServer(t)
+	return newDB(t, srv, "template0")
+}
+
+// newDB clones template into a uniquely named database and registers its
+// cleanup.
+func newDB(t testing.TB, srv *server, template string) *DB {
+	t.Helper()
+	st := stateFor(t) // registered first, so roles are dropped after the databases
+	_ = st
+	name := "pgtest_" + randomHex(6)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	sql := "CREATE DATABASE " + ident(name) + " TEMPLATE " + ident(template)
+	if _, err := srv.admin.Exec(ctx, sql); err != nil {
+		t.Fatalf("pgtest: create database %s from %s: %v", name, template, err)
+	}
+	db := &DB{URL: URLFor(srv.adminURL, name), Name: name}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgtest: database of failed test: %s", db.URL)
+			if keep() {
+				t.Logf("pgtest: %s=1: keeping database %s", EnvKeep, name)
+				return
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		if _, err := srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+
+	pool, err := pgxpool.New(ctx, db.URL)
+	if err != nil {
+		t.Fatalf("pgtest: pool for %s: %v", name, err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("pgtest: ping %s: %v", name, err)
+	}
+	db.Pool = pool
+	return db
+}
+
+// Conn opens an extra dedicated connection to the database, closed when the
+// test ends. Tests of fencing need several real concurrent sessions (one
+// holding a lock, one being fenced), which a pool does not guarantee.
+func (db *DB) Conn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	return connect(t, db.URL)
+}
+
+// URLAs returns the database URL with the user replaced by role and no
+// password, for tests that check what a less privileged role may do. It
+// relies on trust authentication, which is what the Docker and local servers
+// use; with PGFENCE_TEST_DATABASE_URL the server must trust local roles too.
+func (db *DB) URLAs(role string) string {
+	return URLAs(db.URL, role)
+}
+
+// AdminURL returns a superuser URL to the postgres database of the shared
+// server, for tests that manage databases or roles themselves.
+func AdminURL(t testing.TB) string {
+	t.Helper()
+	return requireServer(t).adminURL
+}
+
+// URLFor returns base with its database name replaced by dbname, keeping the
+// host, credentials and query parameters. It panics on a URL that does not
+// parse, since harness URLs always do.
+func URLFor(base, dbname string) string {
+	u := mustParseURL(base)
+	u.Path = "/" + dbname
+	u.RawPath = ""
+	return u.String()
+}
+
+// URLAs returns base with its user replaced by role and no password; see
+// (*DB).URLAs.
+func URLAs(base, role string) string {
+	u := mustParseURL(base)
+	u.User = url.User(role)
+	return u.String()
+}
+
+// NewRole creates a unique LOGIN role whose name starts with prefix, and
+// drops it when the test ends, after the test's databases are gone (however
+// the calls are ordered), so that objects and grants inside them do not keep
+// the role alive. Dropping objects the role owns elsewhere is the caller's
+// job; a role that still cannot be dropped is logged, not failed.
+func NewRole(t testing.TB, prefix string) string {
+	t.Helper()
+	srv := requireServer(t)
+	st := stateFor(t)
+	name := prefix + "_" + randomHex(5)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if _, err := srv.admin.Exec(ctx, "CREATE ROLE "+ident(name)+" LOGIN"); err != nil {
+		t.Fatalf("pgtest: create role %s: %v", name, err)
+	}
+	st.mu.Lock()
+	st.roles = append(st.roles, name)
+	st.mu.Unlock()
+	return name
+}
+
+// testState is what the harness remembers per test: the roles to drop once
+// the test's databases are gone.
+type testState struct {
+	mu    sync.Mutex
+	roles []string
+}
+
+var (
+	statesMu sync.Mutex
+	states   = map[testing.TB]*testState{}
+)
+
+// stateFor returns the state of t, creating it and registering its cleanup
+// on first use. Because cleanups run last-registered-first and this one is
+// registered before any database of the test, it runs after they are dropped.
+func stateFor(t testing.TB) *testState {
+	statesMu.Lock()
+	defer statesMu.Unlock()
+	if st, ok := states[t]; ok {
+		return st
+	}
+	st := &testState{}
+	states[t] = st
+	t.Cleanup(func() {
+		statesMu.Lock()
+		delete(states, t)
+		statesMu.Unlock()
+		st.mu.Lock()
+		roles := st.roles
+		st.mu.Unlock()
+		if len(roles) == 0 {
+			return
+		}
+		if t.Failed() && keep() {
+			t.Logf("pgtest: %s=1: keeping roles %v", EnvKeep, roles)
+			return
+		}
+		srv, err := getServer()
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		for _, r := range roles {
+			if _, err := srv.admin.Exec(ctx, "DROP ROLE IF EXISTS "+ident(r)); err != nil {
+				t.Logf("pgtest: could not drop role %s (still owns objects or holds grants somewhere): %v", r, err)
+			}
+		}
+	})
+	return st
+}
+
+// requireServer returns the shared server, skipping the test when there is
+// none (failing it under PGFENCE_TEST_REQUIRE_DB=1) and failing it when the
+// server could not be set up.
+func requireServer(t testing.TB) *server {
+	t.Helper()
+	if !mainCalled.Load() {
+		t.Fatal("pgtest: the package's TestMain must call pgtest.Main(m), so that the shared PostgreSQL server is shut down when the tests end")
+	}
+	srv, err := getServer()
+	if err != nil {
+		skipOrFatal(t, err)
+	}
+	return srv
+}
+
+// skipOrFatal ends the test: a skip when err only says that no PostgreSQL is
+// available and the environment does not require one, a failure otherwise.
+func skipOrFatal(t testing.TB, err error) {
+	t.Helper()
+	var na *unavailableError
+	if errors.As(err, &na) && os.Getenv(EnvRequireDB) != "1" {
+		t.Skipf("pgtest: skipping, %v (set %s to a superuser URL, run a Docker daemon, or install PostgreSQL server binaries)", err, EnvDatabaseURL)
+	}
+	t.Fatalf("pgtest: %v", err)
+}
+
+// unavailableError says that no PostgreSQL server could be found at all, as
+// opposed to one that was found but misbehaved.
+type unavailableError struct{ reasons []string }
+
+func (e *unavailableError) Error() string {
+	msg := "no PostgreSQL available"
+	for i, r := range e.reasons {
+		if i == 0 {
+			msg += ": "
+		} else {
+			msg += "; "
+		}
+		msg += r
+	}
+	return msg
+}
+
+// connect opens a dedicated connection closed with the test.
+func connect(t testing.TB, connURL string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, connURL)
+	if err != nil {
+		t.Fatalf("pgtest: connect to %s: %v", redact(connURL), err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+	})
+	return conn
+}
+
+func keep() bool { return os.Getenv(EnvKeep) == "1" }
+
+// ident quotes a name as an SQL identifier.
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
+}
+
+func mustParseURL(s string) *url.URL {
+	u, err := url.Parse(s)
+	if err != nil {
+		panic(fmt.Sprintf("pgtest: bad URL %q: %v", redact(s), err))
+	}
+	return u
+}
+
+// redact hides the password of a URL, for logs.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "<unparsable URL>"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,196 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// server is the shared PostgreSQL server of the test binary.
+type server struct {
+	source   string        // where it came from, for the log line
+	adminURL string        // superuser URL to the postgres database
+	admin    *pgxpool.Pool // pool on adminURL, for CREATE/DROP DATABASE and roles
+	stop     func()        // shuts down what the harness started; nil when nothing
+
+	tplOnce sync.Once
+	tplName string
+	tplErr  error
+}
+
+var (
+	serverOnce sync.Once
+	serverVal  *server
+	serverErr  error
+	serverMu   sync.Mutex // guards serverVal against shutdown
+)
+
+// getServer finds the shared server on first use and returns the same
+// answer (server or error) afterwards.
+func getServer() (*server, error) {
+	serverOnce.Do(func() {
+		srv, err := findServer()
+		serverMu.Lock()
+		serverVal, serverErr = srv, err
+		serverMu.Unlock()
+		if err == nil {
+			fmt.Fprintf(os.Stderr, "pgtest: using %s %s\n", srv.source, redact(srv.adminURL))
+		}
+	})
+	return serverVal, serverErr
+}
+
+// shutdown closes the admin pool and stops whatever server the harness
+// started. It is called by Main once the tests are done.
+func shutdown() {
+	serverMu.Lock()
+	srv := serverVal
+	serverVal = nil
+	serverMu.Unlock()
+	if srv == nil {
+		return
+	}
+	if srv.admin != nil {
+		srv.admin.Close()
+	}
+	if srv.stop != nil {
+		srv.stop()
+	}
+}
+
+// findServer tries the environment URL, then Docker, then local binaries.
+func findServer() (*server, error) {
+	if u := os.Getenv(EnvDatabaseURL); u != "" {
+		if !strings.HasPrefix(u, "postgres://") && !strings.HasPrefix(u, "postgresql://") {
+			return nil, fmt.Errorf("%s must be a postgres:// URL (the harness derives per-test URLs from it)", EnvDatabaseURL)
+		}
+		srv, err := openServer(EnvDatabaseURL, URLFor(u, "postgres"), nil)
+		if err != nil {
+			return nil, fmt.Errorf("server from %s: %w", EnvDatabaseURL, err)
+		}
+		return srv, nil
+	}
+
+	var reasons []string
+	reasons = append(reasons, EnvDatabaseURL+" not set")
+
+	if os.Getenv(EnvNoDocker) == "1" {
+		reasons = append(reasons, "docker: skipped ("+EnvNoDocker+"=1)")
+	} else if err := dockerAvailable(); err != nil {
+		reasons = append(reasons, "docker: "+err.Error())
+	} else {
+		srv, err := startDockerServer()
+		if err == nil {
+			return srv, nil
+		}
+		// A daemon that answers but cannot run the container (no network
+		// to pull the image, for instance) should not hide local binaries.
+		fmt.Fprintf(os.Stderr, "pgtest: docker: %v; trying local binaries\n", err)
+		reasons = append(reasons, "docker: "+err.Error())
+	}
+
+	bins, err := findBins()
+	if err != nil {
+		reasons = append(reasons, "local binaries: "+err.Error())
+		return nil, &unavailableError{reasons: reasons}
+	}
+	if _, err := pgCredential(); err != nil {
+		reasons = append(reasons, "local binaries: "+err.Error())
+		return nil, &unavailableError{reasons: reasons}
+	}
+	srv, err := startLocalServer(bins)
+	if err != nil {
+		return nil, fmt.Errorf("local server from %s: %w", bins.dir, err)
+	}
+	return srv, nil
+}
+
+// openServer checks that adminURL answers (retrying for a while, since a
+// container may still be settling) and opens the admin pool.
+func openServer(source, adminURL string, stop func()) (*server, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if err := waitConnect(ctx, adminURL, nil); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, adminURL)
+	if err != nil {
+		return nil, fmt.Errorf("admin pool: %w", err)
+	}
+	return &server{source: source, adminURL: adminURL, admin: pool, stop: stop}, nil
+}
+
+// startLocalServer initialises and starts the shared throwaway cluster. It
+// trades durability for speed (fsync off), which ordinary tests do not
+// observe; fault tests use NewCluster instead.
+func startLocalServer(bins pgBins) (*server, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	inst, err := newInstance(bins)
+	if err != nil {
+		return nil, err
+	}
+	conf := []string{
+		"fsync = off",
+		"synchronous_commit = off",
+		"full_page_writes = off",
+		"max_connections = 300",
+	}
+	if err := inst.initdb(ctx, conf); err != nil {
+		inst.destroy()
+		return nil, err
+	}
+	if err := inst.startNewPort(ctx); err != nil {
+		err = fmt.Errorf("%w\nserver log:\n%s", err, inst.logTail(30))
+		inst.destroy()
+		return nil, err
+	}
+	srv, err := openServer("local", inst.url("postgres"), inst.destroy)
+	if err != nil {
+		inst.destroy()
+		return nil, err
+	}
+	return srv, nil
+}
+
+// waitConnect polls until a connection to connURL succeeds and check (when
+// not nil) returns true, or ctx ends. It is how the harness waits for a
+// server state without sleeping blindly.
+func waitConnect(ctx context.Context, connURL string, check func(context.Context, *pgx.Conn) (bool, error)) error {
+	var last error
+	for {
+		ok, err := tryConnect(ctx, connURL, check)
+		if ok {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			if last == nil {
+				last = ctx.Err()
+			}
+			return fmt.Errorf("waiting for %s: %w", redact(connURL), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func tryConnect(ctx context.Context, connURL string, check func(context.Context, *pgx.Conn) (bool, error)) (bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, connURL)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.Background())
+	if check == nil {
+		return true, nil
+	}
+	return check(cctx, conn)
+}

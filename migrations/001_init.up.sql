@@ -1,0 +1,840 @@
+-- pgfence 001: schema fence with leases, failover-safe fencing tokens,
+-- advisory-lock helpers and stale-token guard triggers.
+--
+-- Installs only schema "fence" and what lives in it; needs CREATE on the
+-- database, no superuser. Every object is schema-qualified, and every function
+-- pins its search_path so that nothing planted in another schema (public, a
+-- temporary schema) can be picked up by name resolution.
+--
+-- Reference: docs/sql.md. Design: docs/design.md.
+
+CREATE SCHEMA fence;
+COMMENT ON SCHEMA fence IS 'pgfence: leases with fencing tokens and guards that refuse stale tokens (docs/sql.md)';
+
+-- ---------------------------------------------------------------------------
+-- Tables
+-- ---------------------------------------------------------------------------
+
+-- One row per resource ever granted. The row keeps the latest token of the
+-- resource forever (also after release or expiry): the next grant is computed
+-- from it, and fence.check compares against it. A grant rewrites the row in
+-- the same transaction that computes the token, so a token is durable exactly
+-- when its grant committed (there is no sequence whose nextval could be handed
+-- out again after a crash).
+--
+-- Nothing here is indexed but the primary key, so fence.renew (which changes
+-- only expires_at) is a HOT update; fillfactor leaves room on the page for it.
+CREATE TABLE fence.lease (
+    resource      text COLLATE "C" PRIMARY KEY,
+    token         bigint NOT NULL CHECK (token > 0),
+    holder        text,
+    kind          text NOT NULL CHECK (kind IN ('ttl', 'session', 'revoked')),
+    acquired_at   timestamptz NOT NULL,
+    expires_at    timestamptz,
+    ended_at      timestamptz,
+    session_pid   integer,
+    session_start timestamptz,
+    CHECK (kind <> 'ttl' OR expires_at IS NOT NULL),
+    CHECK (kind <> 'session' OR (session_pid IS NOT NULL AND session_start IS NOT NULL)),
+    CHECK (kind <> 'revoked' OR (holder IS NULL AND ended_at IS NOT NULL))
+) WITH (fillfactor = 80);
+COMMENT ON TABLE fence.lease IS 'pgfence internal: one row per resource with its latest token; read fence.leases instead';
+
+-- The token epoch (the high bits of every token). See fence._epoch.
+CREATE TABLE fence.epoch_state (
+    one               boolean PRIMARY KEY DEFAULT true CHECK (one),
+    system_identifier bigint NOT NULL,
+    timeline          bigint NOT NULL,
+    base              bigint NOT NULL
+);
+COMMENT ON TABLE fence.epoch_state IS 'pgfence internal: where token epochs stand (system identifier, WAL timeline, base)';
+
+-- ---------------------------------------------------------------------------
+-- Internal helpers (prefix _; not granted to application roles)
+-- ---------------------------------------------------------------------------
+
+-- The current WAL timeline of this server. It changes on every promotion of a
+-- standby, at once (pg_control_checkpoint() would lag until the first
+-- checkpoint after promotion). Fails during recovery, where no grant can be
+-- made anyway.
+CREATE FUNCTION fence._timeline() RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ('x' || lpad(substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint
+$$;
+
+-- The epoch that goes into the high bits of every token granted now.
+--
+-- Token layout (docs/design.md): token = epoch << 43 | counter, with
+-- 1 <= counter < 2^43 and 1 <= epoch < 2^20, so every token is a positive
+-- bigint. Per resource the counter grows by one per grant within an epoch, so
+-- one resource can be granted 8,796,093,022,207 times per epoch (at 100,000
+-- grants a second, 2.8 years of nothing but grants of that resource), and the
+-- kit survives 1,048,575 epochs.
+--
+-- epoch = base + current WAL timeline. Promotion of a standby always moves to
+-- a timeline higher than any it descends from, so tokens granted after a
+-- promotion exceed every token granted before it on the old primary, also the
+-- grants the standby never received. A dump and restore into another cluster
+-- (another system identifier; the timeline starts again at 1) moves the base
+-- past every epoch known so far: the one recorded here and the highest one
+-- found in the restored tokens. The base is a pure function of the stored
+-- state, so two servers that diverge from the same state (a primary and its
+-- standby) compute the same base and differ by their timelines.
+CREATE FUNCTION fence._epoch() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    sysid bigint := (pg_catalog.pg_control_system()).system_identifier;
+    tli   bigint := fence._timeline();
+    s     fence.epoch_state;
+    nbase bigint;
+BEGIN
+    SELECT * INTO s FROM fence.epoch_state;
+    IF NOT FOUND OR s.system_identifier <> sysid OR s.timeline <> tli THEN
+        -- Rare: first grant after a promotion or a restore. Serialize the
+        -- update; concurrent grants re-read the row after we commit.
+        SELECT * INTO s FROM fence.epoch_state FOR UPDATE;
+        IF NOT FOUND THEN
+            nbase := coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0);
+            INSERT INTO fence.epoch_state (system_identifier, timeline, base) VALUES (sysid, tli, nbase);
+        ELSIF s.system_identifier = sysid AND s.timeline < tli THEN
+            nbase := s.base;  -- promotion: the timeline alone moves the epoch up
+            UPDATE fence.epoch_state SET timeline = tli;
+        ELSIF s.system_identifier <> sysid OR s.timeline > tli THEN
+            -- another cluster (restore) or a timeline that went back: move
+            -- past every epoch this data has seen
+            nbase := greatest(s.base + s.timeline,
+                              coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0));
+            UPDATE fence.epoch_state SET system_identifier = sysid, timeline = tli, base = nbase;
+        ELSE
+            nbase := s.base;  -- another grant updated it while we waited
+        END IF;
+    ELSE
+        nbase := s.base;
+    END IF;
+    IF nbase + tli >= (1::bigint << 20) THEN
+        RAISE EXCEPTION 'pgfence token epochs are exhausted (epoch %)', nbase + tli
+            USING ERRCODE = '54000',
+                  HINT = 'the token layout allows 2^20 epochs (promotions and restores); see docs/design.md';
+    END IF;
+    RETURN nbase + tli;
+END
+$$;
+
+-- Argument checks shared by every function. Names (resource, holder, lock
+-- names) are 1 to 255 characters.
+CREATE FUNCTION fence._check_name(what text, v text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF v IS NULL THEN
+        RAISE EXCEPTION 'pgfence: % must not be NULL', what
+            USING ERRCODE = '22004', HINT = format('pass a non-empty %s of at most 255 characters', what);
+    ELSIF v = '' THEN
+        RAISE EXCEPTION 'pgfence: % must not be empty', what
+            USING ERRCODE = '22023', HINT = format('pass a non-empty %s of at most 255 characters', what);
+    ELSIF pg_catalog.char_length(v) > 255 THEN
+        RAISE EXCEPTION 'pgfence: % is % characters long; the limit is 255', what, pg_catalog.char_length(v)
+            USING ERRCODE = '22001', HINT = format('use a shorter %s (a hash of a long name works)', what);
+    END IF;
+END
+$$;
+
+-- TTLs go from 10 milliseconds to 1 day. A longer hold is a shorter TTL that
+-- is renewed: a lease that outlives a crashed holder by days is a mistake.
+CREATE FUNCTION fence._check_ttl(ttl interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF ttl IS NULL THEN
+        RAISE EXCEPTION 'pgfence: ttl must not be NULL'
+            USING ERRCODE = '22004', HINT = 'pass a ttl between 10 milliseconds and 1 day, for example interval ''30 seconds''';
+    ELSIF ttl < interval '10 milliseconds' OR ttl > interval '1 day' THEN
+        RAISE EXCEPTION 'pgfence: ttl % is out of range', ttl
+            USING ERRCODE = '22023', HINT = 'pass a ttl between 10 milliseconds and 1 day; renew the lease to hold it longer';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION fence._check_token(token bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'pgfence: token must not be NULL'
+            USING ERRCODE = '22004', HINT = 'pass the token that fence.acquire returned';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION 'pgfence: token % is not positive; tokens are positive', token
+            USING ERRCODE = '22023', HINT = 'pass the token that fence.acquire returned';
+    END IF;
+END
+$$;
+
+-- The advisory-lock key bound to a session lease of a resource: the first 8
+-- bytes of sha256(resource as UTF-8), moved into [2^62, 2^63). fence.lock_key
+-- uses negative keys and golang-migrate uses [0, 2^32), so the three never
+-- collide.
+CREATE FUNCTION fence._lease_key(resource text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint
+            & 4611686018427387903) | 4611686018427387904
+$$;
+
+CREATE FUNCTION fence._my_backend_start() RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.backend_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = pg_catalog.pg_backend_pid()
+$$;
+
+-- Whether the session that took a session lease still holds it. Our own
+-- session is recognised by pid and start time (an advisory lock request of
+-- our own would succeed re-entrantly and prove nothing). For another session,
+-- taking its advisory lock at transaction level succeeds exactly when no
+-- session holds it any more; we then keep it until our transaction ends,
+-- which also keeps a racing acquire_session out while we grant.
+CREATE FUNCTION fence._session_alive(l fence.lease) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF l.session_pid = pg_catalog.pg_backend_pid() THEN
+        RETURN l.session_start = fence._my_backend_start();
+    END IF;
+    RETURN NOT pg_catalog.pg_try_advisory_xact_lock(fence._lease_key(l.resource));
+END
+$$;
+
+-- Whether a lease row is live at server time now.
+CREATE FUNCTION fence._live(l fence.lease, now timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF l.ended_at IS NOT NULL THEN
+        RETURN false;
+    ELSIF l.kind = 'ttl' THEN
+        RETURN l.expires_at > now;
+    ELSIF l.kind = 'session' THEN
+        RETURN fence._session_alive(l);
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- Grants a new token for resource, to holder (NULL with kind 'revoked').
+-- Returns NULL when a live lease exists (unless force) or when the resource
+-- stays busy past the grant wait.
+--
+-- Locking order, and why it gives guarantee 3 (linearizable fencing):
+-- every guarded write runs fence.check, which reads the lease row FOR KEY
+-- SHARE and holds that lock until the writing transaction ends. A grant locks
+-- the same row FOR UPDATE before it computes the new token, and FOR UPDATE
+-- conflicts with FOR KEY SHARE. So either
+--   (a) the writer locked first: the grant waits until the writing
+--       transaction has committed or rolled back, so every write made under
+--       the old token is ordered before the new token exists; or
+--   (b) the grant locked first: the writer's lock waits for the granting
+--       transaction; under READ COMMITTED it then re-reads the row, finds the
+--       newer token and fails with FN001; under REPEATABLE READ or
+--       SERIALIZABLE the lock attempt fails with a serialization error.
+-- Either way no write under the old token commits after the grant. The grant
+-- never touches protected tables, so the two lock only this one row and
+-- cannot deadlock with each other. (Renew and release take FOR NO KEY UPDATE
+-- locks, which do not conflict with FOR KEY SHARE: a writer never delays the
+-- holder's own renewals.)
+--
+-- The wait in (a) is bounded by fence.grant_wait (default 2s, a lock_timeout
+-- applied to this lock only): a paused holder with an open transaction makes
+-- the grant report busy, it never hangs.
+--
+-- Durability: the token is written to the row in the granting transaction,
+-- and synchronous_commit is forced back on for that transaction if the
+-- caller turned it off, so a grant that returned survives a crash.
+CREATE FUNCTION fence._grant(resource text, holder text, kind text, now timestamptz,
+                             expires_at timestamptz, force boolean) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    epoch  bigint := fence._epoch();
+    first_tok bigint := (epoch << 43) | 1;
+    prev_timeout text := pg_catalog.current_setting('lock_timeout');
+    grant_wait   text := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
+    spid   integer;
+    sstart timestamptz;
+    l      fence.lease;
+    t      bigint;
+BEGIN
+    IF kind = 'session' THEN
+        spid := pg_catalog.pg_backend_pid();
+        sstart := fence._my_backend_start();
+    END IF;
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+
+    PERFORM pg_catalog.set_config('lock_timeout', grant_wait, true);
+    BEGIN
+        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid, session_start)
+        VALUES (resource, first_tok, holder, kind, now, expires_at,
+                CASE WHEN kind = 'revoked' THEN now END, spid, sstart)
+        ON CONFLICT ON CONSTRAINT lease_pkey DO NOTHING
+        RETURNING x.token INTO t;
+        IF t IS NULL THEN
+            SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE;
+        END IF;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM pg_catalog.set_config('lock_timeout', prev_timeout, true);
+        RETURN NULL;
+    END;
+    PERFORM pg_catalog.set_config('lock_timeout', prev_timeout, true);
+    IF t IS NOT NULL THEN
+        RETURN t;  -- first grant of this resource
+    END IF;
+
+    IF NOT force AND fence._live(l, now) THEN
+        RETURN NULL;
+    END IF;
+    t := greatest(l.token + 1, first_tok);
+    IF (t & 8796093022207) = 0 THEN
+        RAISE EXCEPTION 'pgfence: the tokens of resource % are exhausted in epoch %', resource, t >> 43
+            USING ERRCODE = '54000', HINT = 'promote or restore moves to a new epoch; see docs/design.md';
+    END IF;
+    UPDATE fence.lease x
+       SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = expires_at,
+           ended_at = CASE WHEN kind = 'revoked' THEN now END,
+           session_pid = spid, session_start = sstart
+     WHERE x.resource = resource;
+    RETURN t;
+END
+$$;
+
+CREATE FUNCTION fence._notify_free(resource text) RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_catalog.pg_notify('fence_release', resource) $$;
+
+-- ---------------------------------------------------------------------------
+-- Leases
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION fence.acquire(resource text, holder text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    now timestamptz := pg_catalog.clock_timestamp();
+    l   fence.lease;
+BEGIN
+    PERFORM fence._check_name('resource', resource);
+    PERFORM fence._check_name('holder', holder);
+    PERFORM fence._check_ttl(ttl);
+    -- Fast path without a row lock: a live lease answers NULL at once, so
+    -- waiters that poll never queue behind the holder's writers or renewals.
+    SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
+    IF FOUND AND fence._live(l, now) THEN
+        RETURN NULL;
+    END IF;
+    RETURN fence._grant(resource, holder, 'ttl', now, now + ttl, false);
+END
+$$;
+COMMENT ON FUNCTION fence.acquire(text, text, interval) IS
+    'a new fencing token when no live lease exists for resource, else NULL';
+
+CREATE FUNCTION fence.acquire_session(resource text, holder text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    now timestamptz := pg_catalog.clock_timestamp();
+    k   bigint;
+    l   fence.lease;
+    t   bigint;
+BEGIN
+    PERFORM fence._check_name('resource', resource);
+    PERFORM fence._check_name('holder', holder);
+    k := fence._lease_key(resource);
+    -- The session-level advisory lock is the lease's life: it ends when the
+    -- session ends, however that happens.
+    IF NOT pg_catalog.pg_try_advisory_lock(k) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
+    IF NOT FOUND OR NOT fence._live(l, now) THEN
+        t := fence._grant(resource, holder, 'session', now, NULL, false);
+    END IF;
+    IF t IS NULL THEN
+        PERFORM pg_catalog.pg_advisory_unlock(k);
+    END IF;
+    RETURN t;
+END
+$$;
+COMMENT ON FUNCTION fence.acquire_session(text, text) IS
+    'a new fencing token bound to this session (no TTL; ends on release or when the session ends), else NULL';
+
+CREATE FUNCTION fence.renew(resource text, token bigint, ttl interval) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    now timestamptz := pg_catalog.clock_timestamp();
+    e   timestamptz;
+BEGIN
+    PERFORM fence._check_name('resource', resource);
+    PERFORM fence._check_token(token);
+    PERFORM fence._check_ttl(ttl);
+    -- A renewal lost in a crash would let the server grant the lease earlier
+    -- than the holder was told; keep it durable like a grant.
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE fence.lease x SET expires_at = now + ttl
+     WHERE x.resource = resource AND x.token = token AND x.kind = 'ttl'
+       AND x.ended_at IS NULL AND x.expires_at > now
+    RETURNING x.expires_at INTO e;
+    IF e IS NULL AND EXISTS (SELECT 1 FROM fence.lease x
+                              WHERE x.resource = resource AND x.token = token AND x.kind = 'session') THEN
+        RAISE EXCEPTION 'pgfence: lease % of % is a session lease and has no TTL to renew', token, resource
+            USING ERRCODE = '22023', HINT = 'a session lease lives until fence.release or the end of its session; do not renew it';
+    END IF;
+    RETURN e;
+END
+$$;
+COMMENT ON FUNCTION fence.renew(text, bigint, interval) IS
+    'new expiry (server clock) when token is the live lease of resource, else NULL';
+
+CREATE FUNCTION fence.release(resource text, token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    now  timestamptz := pg_catalog.clock_timestamp();
+    l    fence.lease;
+BEGIN
+    PERFORM fence._check_name('resource', resource);
+    PERFORM fence._check_token(token);
+    UPDATE fence.lease x SET ended_at = now
+     WHERE x.resource = resource AND x.token = token AND fence._live(x, now)
+    RETURNING x.* INTO l;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF l.kind = 'session' AND l.session_pid = pg_catalog.pg_backend_pid() THEN
+        PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource));
+    END IF;
+    PERFORM fence._notify_free(resource);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION fence.release(text, bigint) IS
+    'ends the live lease held with token (true); false when token is not the live lease; idempotent';
+
+CREATE FUNCTION fence.revoke(resource text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    t bigint;
+BEGIN
+    PERFORM fence._check_name('resource', resource);
+    t := fence._grant(resource, NULL, 'revoked', pg_catalog.clock_timestamp(), NULL, true);
+    IF t IS NULL THEN
+        RAISE EXCEPTION 'pgfence: resource % is busy: a transaction that wrote under its current token is still open', resource
+            USING ERRCODE = 'FN004',
+                  HINT = 'retry, raise fence.grant_wait, or end that transaction (see pg_stat_activity and pg_locks on fence.lease)';
+    END IF;
+    PERFORM fence._notify_free(resource);
+    RETURN t;
+END
+$$;
+COMMENT ON FUNCTION fence.revoke(text) IS
+    'operator action: ends any lease of resource and grants a new token to nobody, so every outstanding token is stale';
+
+-- ---------------------------------------------------------------------------
+-- Guards
+-- ---------------------------------------------------------------------------
+
+-- Raises unless token is the latest grant of resource, and holds the lease
+-- row FOR KEY SHARE until the calling transaction ends (see fence._grant for
+-- why that ordering is linearizable).
+CREATE FUNCTION fence.check(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    latest bigint;
+BEGIN
+    PERFORM fence._check_name('resource', resource);
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'pgfence: no fencing token presented for resource %', resource
+            USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', resource),
+                  HINT = 'pass the token that fence.acquire returned';
+    END IF;
+    SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
+    IF latest IS NULL THEN
+        RAISE EXCEPTION 'pgfence: unknown fencing token % for resource %: it has never been granted', token, resource
+            USING ERRCODE = 'FN003', DETAIL = format('resource=%s token=%s latest=none', resource, token),
+                  HINT = 'acquire a lease on this resource first and use the token it returns';
+    ELSIF token < latest THEN
+        RAISE EXCEPTION 'pgfence: stale fencing token % for resource %: a newer lease (token %) was granted', token, resource, latest
+            USING ERRCODE = 'FN001', DETAIL = format('resource=%s token=%s latest=%s', resource, token, latest),
+                  HINT = 'this holder lost the lease: stop writing, acquire the lease again and redo the work under the new token';
+    ELSIF token > latest THEN
+        RAISE EXCEPTION 'pgfence: unknown fencing token % for resource %: it was never granted', token, resource
+            USING ERRCODE = 'FN003', DETAIL = format('resource=%s token=%s latest=%s', resource, token, latest),
+                  HINT = 'use the token that fence.acquire returned for this resource';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION fence.check(text, bigint) IS
+    'raises FN001 (stale), FN002 (no token) or FN003 (never granted) unless token is the latest grant; holds the lease row so a new grant waits for this transaction';
+
+-- check, then remember the token in the transaction-local setting
+-- fence.tokens (a JSON object resource -> token) for guarded tables without a
+-- token column. The setting is only a hint of which token to check: every
+-- guarded statement still runs fence.check, so writing the setting by hand
+-- gains nothing.
+CREATE FUNCTION fence.use_token(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    m jsonb;
+BEGIN
+    PERFORM fence.check(resource, token);
+    m := coalesce(nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb, '{}'::jsonb);
+    PERFORM pg_catalog.set_config('fence.tokens',
+        pg_catalog.jsonb_set(m, ARRAY[resource], pg_catalog.to_jsonb(token))::text, true);
+END
+$$;
+COMMENT ON FUNCTION fence.use_token(text, bigint) IS
+    'fence.check, then remembers the token for the rest of the transaction for guarded tables without a token column';
+
+-- Row guard for tables with a token column (BEFORE INSERT OR UPDATE, FOR EACH
+-- ROW). TG_ARGV: resource, token column. It is named to fire after every
+-- other BEFORE ROW trigger of the table (triggers fire in name order), so it
+-- checks the row as it will be written.
+CREATE FUNCTION fence._guard_row() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    res text := TG_ARGV[0];
+    col text := TG_ARGV[1];
+    tok bigint := (pg_catalog.to_jsonb(NEW) ->> col)::bigint;
+    old_tok bigint;
+BEGIN
+    IF tok IS NULL THEN
+        RAISE EXCEPTION 'pgfence: no fencing token in column % of protected table %.%', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
+                  HINT = format('set %I to the token that fence.acquire(%L, ...) returned', col, res);
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        old_tok := (pg_catalog.to_jsonb(OLD) ->> col)::bigint;
+        IF old_tok > tok THEN
+            RAISE EXCEPTION 'pgfence: stale fencing token % for resource %: the row already carries token %', tok, res, old_tok
+                USING ERRCODE = 'FN001', DETAIL = format('resource=%s token=%s row_token=%s', res, tok, old_tok),
+                      HINT = 'an update may never lower the token column; acquire the lease again and use the new token';
+        END IF;
+    END IF;
+    PERFORM fence.check(res, tok);
+    RETURN NEW;
+END
+$$;
+
+-- Statement guard (BEFORE ... FOR EACH STATEMENT): the token comes from
+-- fence.use_token earlier in the transaction. TG_ARGV: resource. Used for
+-- every statement on tables without a token column, and for DELETE and
+-- TRUNCATE on tables with one (they carry no row to take a token from).
+CREATE FUNCTION fence._guard_stmt() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    res text := TG_ARGV[0];
+    tok bigint := (nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb ->> res)::bigint;
+BEGIN
+    IF tok IS NULL THEN
+        RAISE EXCEPTION 'pgfence: no fencing token for % on protected table %.%', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
+                  HINT = format('call fence.use_token(%L, token) earlier in this transaction', res);
+    END IF;
+    PERFORM fence.check(res, tok);
+    RETURN NULL;
+END
+$$;
+
+-- Splits trigger arguments (pg_trigger.tgargs: NUL-terminated strings).
+CREATE FUNCTION fence._trigger_arg(args bytea, n integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    i integer := 0;
+    p integer;
+BEGIN
+    LOOP
+        p := pg_catalog.position(args, '\x00'::bytea);
+        IF p = 0 THEN
+            RETURN NULL;
+        END IF;
+        IF i = n THEN
+            RETURN pg_catalog.convert_from(pg_catalog.substr(args, 1, p - 1), pg_catalog.pg_client_encoding());
+        END IF;
+        args := pg_catalog.substr(args, p + 1);
+        i := i + 1;
+    END LOOP;
+END
+$$;
+
+-- Installs the guard triggers on tbl. Runs with the caller's rights: only the
+-- table's owner (or a member of the owning role) may protect it, exactly as
+-- for CREATE TRIGGER. Every identifier is quoted by format('%I') and every
+-- argument by format('%L').
+CREATE FUNCTION fence.protect(tbl regclass, resource text, token_column name DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    c   record;
+    tg  record;
+    typ oid;
+    qn  text;
+BEGIN
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION 'pgfence: table must not be NULL' USING ERRCODE = '22004', HINT = 'pass a table name, for example ''public.orders''';
+    END IF;
+    PERFORM fence._check_name('resource', resource);
+    SELECT r.relkind, r.relowner, n.nspname, r.relname INTO c
+      FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+     WHERE r.oid = tbl;
+    IF c.relkind IS DISTINCT FROM 'r' THEN
+        RAISE EXCEPTION 'pgfence: % is not an ordinary table', tbl
+            USING ERRCODE = '42809', HINT = 'protect a plain table (for a partitioned table, protect each partition)';
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'pgfence: only the owner of table % can protect it', tbl
+            USING ERRCODE = '42501', HINT = 'run fence.protect as the role that owns the table';
+    END IF;
+    qn := format('%I.%I', c.nspname, c.relname);
+    IF token_column IS NOT NULL THEN
+        SELECT a.atttypid INTO typ FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = tbl AND a.attname = token_column AND a.attnum > 0 AND NOT a.attisdropped;
+        IF typ IS NULL THEN
+            RAISE EXCEPTION 'pgfence: column % of table % does not exist', token_column, tbl
+                USING ERRCODE = '42703', HINT = 'pass the name of the table''s bigint token column, or NULL to use fence.use_token';
+        END IF;
+        -- a domain over bigint is fine
+        WHILE (SELECT t.typtype FROM pg_catalog.pg_type t WHERE t.oid = typ) = 'd' LOOP
+            typ := (SELECT t.typbasetype FROM pg_catalog.pg_type t WHERE t.oid = typ);
+        END LOOP;
+        IF typ <> 'pg_catalog.int8'::pg_catalog.regtype::oid THEN
+            RAISE EXCEPTION 'pgfence: token column % of table % has type %, not bigint', token_column, tbl, typ::regtype
+                USING ERRCODE = '42804', HINT = format('tokens need 63 bits: ALTER TABLE %s ALTER COLUMN %I TYPE bigint', qn, token_column);
+        END IF;
+    END IF;
+
+    FOR tg IN SELECT t.tgname FROM pg_catalog.pg_trigger t
+               WHERE t.tgrelid = tbl AND t.tgname IN ('zz_fence_guard_row', 'zz_fence_guard_stmt') LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', tg.tgname, qn);
+    END LOOP;
+    IF token_column IS NOT NULL THEN
+        EXECUTE format('CREATE TRIGGER zz_fence_guard_row BEFORE INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION fence._guard_row(%L, %L)',
+                       qn, resource, token_column);
+        EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._guard_stmt(%L)',
+                       qn, resource);
+    ELSE
+        EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._guard_stmt(%L)',
+                       qn, resource);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION fence.protect(regclass, text, name) IS
+    'installs guard triggers on tbl so writes need the latest token of resource (from token_column, or fence.use_token)';
+
+CREATE FUNCTION fence.unprotect(tbl regclass) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c  record;
+    tg record;
+    qn text;
+BEGIN
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION 'pgfence: table must not be NULL' USING ERRCODE = '22004', HINT = 'pass a table name, for example ''public.orders''';
+    END IF;
+    SELECT r.relowner, n.nspname, r.relname INTO c
+      FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+     WHERE r.oid = tbl;
+    IF NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'pgfence: only the owner of table % can unprotect it', tbl
+            USING ERRCODE = '42501', HINT = 'run fence.unprotect as the role that owns the table';
+    END IF;
+    qn := format('%I.%I', c.nspname, c.relname);
+    FOR tg IN SELECT t.tgname FROM pg_catalog.pg_trigger t
+               WHERE t.tgrelid = tbl AND t.tgname IN ('zz_fence_guard_row', 'zz_fence_guard_stmt') LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', tg.tgname, qn);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION fence.unprotect(regclass) IS 'removes the guard triggers that fence.protect installed on tbl';
+
+-- ---------------------------------------------------------------------------
+-- Advisory-lock helpers
+-- ---------------------------------------------------------------------------
+
+-- The key of a name: the first 8 bytes of sha256(name as UTF-8), read as a
+-- big-endian integer, with the top bit set. So every key is negative and never
+-- in golang-migrate's [0, 2^32) nor in the session-lease keys [2^62, 2^63).
+-- Stable across PostgreSQL versions (unlike hashtext); gofence.LockKey
+-- computes the same value.
+CREATE FUNCTION fence.lock_key(name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM fence._check_name('lock name', name);
+    RETURN ('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(name, 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint
+           | (-9223372036854775807 - 1);
+END
+$$;
+COMMENT ON FUNCTION fence.lock_key(text) IS
+    'advisory-lock key of a name: first 8 bytes of sha256(UTF-8 name), big-endian, top bit set (always negative)';
+
+CREATE FUNCTION fence.try_lock(name text) RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_catalog.pg_try_advisory_lock(fence.lock_key(name)) $$;
+COMMENT ON FUNCTION fence.try_lock(text) IS 'session-level advisory lock on fence.lock_key(name) without waiting';
+
+CREATE FUNCTION fence.unlock(name text) RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_catalog.pg_advisory_unlock(fence.lock_key(name)) $$;
+COMMENT ON FUNCTION fence.unlock(text) IS 'releases a fence.try_lock; false (with a warning) when this session does not hold it';
+
+CREATE FUNCTION fence.try_xact_lock(name text) RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_catalog.pg_try_advisory_xact_lock(fence.lock_key(name)) $$;
+COMMENT ON FUNCTION fence.try_xact_lock(text) IS 'transaction-level advisory lock on fence.lock_key(name) without waiting';
+
+-- ---------------------------------------------------------------------------
+-- Views
+-- ---------------------------------------------------------------------------
+
+CREATE VIEW fence.leases AS
+SELECT l.resource,
+       l.holder,
+       l.token,
+       l.kind,
+       l.acquired_at,
+       l.expires_at,
+       l.ended_at,
+       CASE
+           WHEN l.ended_at IS NOT NULL THEN false
+           WHEN l.kind = 'ttl' THEN l.expires_at > pg_catalog.clock_timestamp()
+           WHEN l.kind = 'session' THEN EXISTS (
+               SELECT 1 FROM pg_catalog.pg_locks k
+                WHERE k.locktype = 'advisory' AND k.granted AND k.pid = l.session_pid AND k.objsubid = 1
+                  AND k.classid::bigint = fence._lease_key(l.resource) >> 32
+                  AND k.objid::bigint = fence._lease_key(l.resource) & 4294967295)
+           ELSE false
+       END AS live,
+       l.session_pid
+  FROM fence.lease l;
+COMMENT ON VIEW fence.leases IS
+    'every resource ever granted: holder, latest token, kind (ttl, session, revoked), times, and whether the lease is live now by the server clock';
+
+CREATE VIEW fence.protected AS
+SELECT t.tgrelid::regclass AS tbl,
+       fence._trigger_arg(t.tgargs, 0) AS resource,
+       (max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname = 'zz_fence_guard_row'))::name AS token_column
+  FROM pg_catalog.pg_trigger t
+ WHERE t.tgfoid IN ('fence._guard_row()'::regprocedure, 'fence._guard_stmt()'::regprocedure)
+ GROUP BY t.tgrelid, fence._trigger_arg(t.tgargs, 0);
+COMMENT ON VIEW fence.protected IS 'every table guarded by fence.protect, with its resource and token column (NULL: fence.use_token)';
+
+-- ---------------------------------------------------------------------------
+-- Version and privileges
+-- ---------------------------------------------------------------------------
+
+-- The migration level of the installed kit; each later migration replaces it.
+CREATE FUNCTION fence.version() RETURNS integer
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 1 $$;
+COMMENT ON FUNCTION fence.version() IS 'the migration version of the installed pgfence schema';
+
+-- Grants an application role what it needs to hold leases and write under
+-- tokens; with operator, also fence.revoke. Run by the kit's owner (the role
+-- that applied the migrations) or a superuser.
+CREATE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'pgfence: role must not be NULL' USING ERRCODE = '22004', HINT = 'pass the name of the application role';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role) THEN
+        RAISE EXCEPTION 'pgfence: role % does not exist', role USING ERRCODE = '42704', HINT = 'create the role first (CREATE ROLE)';
+    END IF;
+    EXECUTE format('GRANT USAGE ON SCHEMA fence TO %I', role);
+    EXECUTE format('GRANT SELECT ON fence.leases, fence.protected TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval), fence.acquire_session(text, text),
+        fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
+        fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
+        fence._guard_row(), fence._guard_stmt(), fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
+        fence.try_xact_lock(text), fence.version() TO %I', role);
+    IF operator THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION fence.revoke(text) TO %I', role);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION fence.grant_usage(name, boolean) IS
+    'grants role the use of the kit (leases, guards, advisory helpers); with operator => true also fence.revoke';
+
+CREATE FUNCTION fence.revoke_usage(role name) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'pgfence: role must not be NULL' USING ERRCODE = '22004', HINT = 'pass the name of the application role';
+    END IF;
+    EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fence FROM %I', role);
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA fence FROM %I', role);
+    EXECUTE format('REVOKE ALL ON SCHEMA fence FROM %I', role);
+END
+$$;
+COMMENT ON FUNCTION fence.revoke_usage(name) IS 'takes back everything fence.grant_usage gave role';
+
+-- Nothing in the kit is usable by PUBLIC; fence.grant_usage hands it out.
+REVOKE ALL ON SCHEMA fence FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA fence FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fence FROM PUBLIC;
+
+INSERT INTO fence.epoch_state (system_identifier, timeline, base)
+VALUES ((pg_catalog.pg_control_system()).system_identifier, fence._timeline(), 0);

@@ -1,0 +1,25 @@
+// Package migrations holds pgfence's SQL migrations in golang-migrate format
+// (NNN_name.up.sql / NNN_name.down.sql), embedded so that Go programs can apply
+// them without the files on disk.
+//
+// The same files work with the upstream migrate CLI:
+//
+//	migrate -path migrations -database 'pgx5://USER@HOST:PORT/DB?sslmode=disable&x-migrations-table=fence_schema_migrations' up
+//
+// Always use the fence_schema_migrations table so the kit's version never
+// collides with an application's own schema_migrations.
+package migrations
+
+import "embed"
+
+// FS holds every migration file of the kit, at the root of the file system.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// Table is the golang-migrate version table the kit's migrations are recorded in.
+const Table = "fence_schema_migrations"
+
+// Latest is the newest migration version in FS; Go code that needs the kit at a
+// given version compares against it.
+const Latest = 1
