@@ -230,7 +230,8 @@ BEGIN
 END
 $$;
 
--- Grants a new token for resource, to holder (NULL with kind 'revoked').
+-- Grants a new token for resource, to holder (NULL with kind 'revoked'),
+-- expiring after ttl (NULL for session leases and revocations).
 -- Returns NULL when a live lease exists (unless force) or when the resource
 -- stays busy past the grant wait.
 --
@@ -259,8 +260,7 @@ $$;
 -- Durability: the token is written to the row in the granting transaction,
 -- and synchronous_commit is forced back on for that transaction if the
 -- caller turned it off, so a grant that returned survives a crash.
-CREATE FUNCTION fence._grant(resource text, holder text, kind text, now timestamptz,
-                             expires_at timestamptz, force boolean) RETURNS bigint
+CREATE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -272,6 +272,7 @@ DECLARE
     grant_wait   text := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
     spid   integer;
     sstart timestamptz;
+    now    timestamptz;
     l      fence.lease;
     t      bigint;
 BEGIN
@@ -285,13 +286,17 @@ BEGIN
 
     PERFORM pg_catalog.set_config('lock_timeout', grant_wait, true);
     BEGIN
+        -- The clock is read once per grant, after any wait: it decides
+        -- liveness and gives acquired_at and expires_at.
+        now := pg_catalog.clock_timestamp();
         INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid, session_start)
-        VALUES (resource, first_tok, holder, kind, now, expires_at,
+        VALUES (resource, first_tok, holder, kind, now, now + ttl,
                 CASE WHEN kind = 'revoked' THEN now END, spid, sstart)
         ON CONFLICT ON CONSTRAINT lease_pkey DO NOTHING
         RETURNING x.token INTO t;
         IF t IS NULL THEN
             SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE;
+            now := pg_catalog.clock_timestamp();
         END IF;
     EXCEPTION WHEN lock_not_available THEN
         PERFORM pg_catalog.set_config('lock_timeout', prev_timeout, true);
@@ -311,7 +316,7 @@ BEGIN
             USING ERRCODE = '54000', HINT = 'promote or restore moves to a new epoch; see docs/design.md';
     END IF;
     UPDATE fence.lease x
-       SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = expires_at,
+       SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = now + ttl,
            ended_at = CASE WHEN kind = 'revoked' THEN now END,
            session_pid = spid, session_start = sstart
      WHERE x.resource = resource;
@@ -346,7 +351,7 @@ BEGIN
     IF FOUND AND fence._live(l, now) THEN
         RETURN NULL;
     END IF;
-    RETURN fence._grant(resource, holder, 'ttl', now, now + ttl, false);
+    RETURN fence._grant(resource, holder, 'ttl', ttl, false);
 END
 $$;
 COMMENT ON FUNCTION fence.acquire(text, text, interval) IS
@@ -373,7 +378,7 @@ BEGIN
     END IF;
     SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
     IF NOT FOUND OR NOT fence._live(l, now) THEN
-        t := fence._grant(resource, holder, 'session', now, NULL, false);
+        t := fence._grant(resource, holder, 'session', NULL, false);
     END IF;
     IF t IS NULL THEN
         PERFORM pg_catalog.pg_advisory_unlock(k);
@@ -452,7 +457,7 @@ DECLARE
     t bigint;
 BEGIN
     PERFORM fence._check_name('resource', resource);
-    t := fence._grant(resource, NULL, 'revoked', pg_catalog.clock_timestamp(), NULL, true);
+    t := fence._grant(resource, NULL, 'revoked', NULL, true);
     IF t IS NULL THEN
         RAISE EXCEPTION 'pgfence: resource % is busy: a transaction that wrote under its current token is still open', resource
             USING ERRCODE = 'FN004',
@@ -485,6 +490,11 @@ BEGIN
         RAISE EXCEPTION 'pgfence: no fencing token presented for resource %', resource
             USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', resource),
                   HINT = 'pass the token that fence.acquire returned';
+    END IF;
+    IF token <= 0 THEN
+        RAISE EXCEPTION 'pgfence: unknown fencing token % for resource %: tokens are positive', token, resource
+            USING ERRCODE = 'FN003', DETAIL = format('resource=%s token=%s', resource, token),
+                  HINT = 'pass the token that fence.acquire returned for this resource';
     END IF;
     SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
     IF latest IS NULL THEN

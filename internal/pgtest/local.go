@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -104,16 +103,19 @@ func dirVersion(dir string) int {
 	return major*1000 + minor
 }
 
+// osCred is the OS user that server binaries run as.
+type osCred struct{ uid, gid uint32 }
+
 var (
 	credOnce sync.Once
-	credVal  *syscall.Credential
+	credVal  *osCred
 	credErr  error
 )
 
 // pgCredential returns the credential to run server binaries with: nil when
 // not root (they run as the current user), the OS user postgres when root,
 // because initdb and postgres refuse to run as root.
-func pgCredential() (*syscall.Credential, error) {
+func pgCredential() (*osCred, error) {
 	credOnce.Do(func() {
 		if os.Geteuid() != 0 {
 			return
@@ -129,7 +131,7 @@ func pgCredential() (*syscall.Credential, error) {
 			credErr = fmt.Errorf("OS user postgres has a non-numeric uid/gid %s/%s", u.Uid, u.Gid)
 			return
 		}
-		credVal = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		credVal = &osCred{uid: uint32(uid), gid: uint32(gid)}
 	})
 	return credVal, credErr
 }
@@ -164,7 +166,7 @@ func newInstance(bins pgBins) (*instance, error) {
 		return nil, fmt.Errorf("write owner file: %w", err)
 	}
 	if cred != nil {
-		if err := os.Chown(base, int(cred.Uid), int(cred.Gid)); err != nil {
+		if err := os.Chown(base, int(cred.uid), int(cred.gid)); err != nil {
 			os.RemoveAll(base)
 			return nil, fmt.Errorf("chown %s to the postgres user: %w", base, err)
 		}
@@ -269,6 +271,19 @@ func (in *instance) destroy() {
 	}
 }
 
+// preserve stops the server cleanly and keeps its directory for a person to
+// inspect, removing the owner file so that no later run reaps it.
+func (in *instance) preserve() {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if in.running(ctx) {
+		if err := in.stop(ctx, "fast"); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: stop cluster in %s: %v\n", in.base, err)
+		}
+	}
+	_ = os.Remove(filepath.Join(in.base, "owner.pid"))
+}
+
 // url returns the superuser URL of database db.
 func (in *instance) url(db string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", in.port, db)
@@ -300,9 +315,7 @@ func (in *instance) run(ctx context.Context, tool string, args ...string) (strin
 	if err != nil {
 		return "", err
 	}
-	if cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
+	runAs(cmd, cred)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = &out
@@ -357,9 +370,4 @@ func reapStale(bins pgBins) {
 			(&instance{bins: bins, base: base, data: filepath.Join(base, "data")}).destroy()
 		}
 	})
-}
-
-func processAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -132,8 +132,7 @@ func Empty(t testing.TB) *DB {
 // cleanup.
 func newDB(t testing.TB, srv *server, template string) *DB {
 	t.Helper()
-	st := stateFor(t) // registered first, so roles are dropped after the databases
-	_ = st
+	stateFor(t) // registers its cleanup first, so roles are dropped after the databases
 	name := "pgtest_" + randomHex(6)
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
@@ -147,6 +146,7 @@ func newDB(t testing.TB, srv *server, template string) *DB {
 			t.Logf("pgtest: database of failed test: %s", db.URL)
 			if keep() {
 				t.Logf("pgtest: %s=1: keeping database %s", EnvKeep, name)
+				keptDatabases.Store(true)
 				return
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,9 @@ type server struct {
 	adminURL string        // superuser URL to the postgres database
 	admin    *pgxpool.Pool // pool on adminURL, for CREATE/DROP DATABASE and roles
 	stop     func()        // shuts down what the harness started; nil when nothing
+	// preserve, when not nil, is called instead of stop when a failed test
+	// kept its database (PGFENCE_TEST_KEEP=1), so the database survives.
+	preserve func()
 
 	tplOnce sync.Once
 	tplName string
@@ -59,10 +63,18 @@ func shutdown() {
 	if srv.admin != nil {
 		srv.admin.Close()
 	}
+	if srv.preserve != nil && keptDatabases.Load() {
+		srv.preserve()
+		return
+	}
 	if srv.stop != nil {
 		srv.stop()
 	}
 }
+
+// keptDatabases records that a failed test kept its database, so that
+// shutdown must not throw away the local server holding it.
+var keptDatabases atomic.Bool
 
 // findServer tries the environment URL, then Docker, then local binaries.
 func findServer() (*server, error) {
@@ -155,6 +167,11 @@ func startLocalServer(bins pgBins) (*server, error) {
 	if err != nil {
 		inst.destroy()
 		return nil, err
+	}
+	srv.preserve = func() {
+		inst.preserve()
+		fmt.Fprintf(os.Stderr, "pgtest: %s=1: kept the local server with the failed tests' databases in %s; start it with: pg_ctl start -D %s -l %s\n",
+			EnvKeep, inst.base, inst.data, inst.logfile)
 	}
 	return srv, nil
 }

@@ -1,0 +1,257 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ClusterDB is the database NewCluster creates (and migrates) for the test.
+const ClusterDB = "fence"
+
+// ClusterOptions tunes NewCluster.
+type ClusterOptions struct {
+	// NoMigrate leaves the fence database empty, for tests that apply the
+	// migrations themselves.
+	NoMigrate bool
+	// Config holds extra postgresql.conf settings (name to value, written
+	// verbatim, so quote strings: "synchronous_standby_names": "'*'").
+	// Standbys inherit them.
+	Config map[string]string
+}
+
+// Cluster is a private PostgreSQL cluster for one test, built from local
+// binaries, for fault tests that crash, restart or promote servers. Unlike
+// the shared server it keeps fsync on, since durability across a crash is
+// what such tests check, and it is configured for streaming replication.
+type Cluster struct {
+	inst *instance
+}
+
+// NewCluster initialises and starts a private cluster listening on a free
+// port of 127.0.0.1, creates the database "fence" and migrates it (unless
+// opts.NoMigrate); URL points at it. The cluster is stopped and removed when
+// the test ends, after its server log tail has been logged if the test
+// failed. Without local PostgreSQL binaries the test is skipped (failed
+// under PGFENCE_TEST_REQUIRE_DB=1): Docker cannot stand in, because the
+// test needs to control the server process and its files.
+func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
+	t.Helper()
+	bins, err := findBins()
+	if err == nil {
+		_, err = pgCredential()
+	}
+	if err != nil {
+		skipOrFatal(t, &unavailableError{reasons: []string{"NewCluster needs local PostgreSQL binaries: " + err.Error()}})
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+
+	inst, err := newInstance(bins)
+	if err != nil {
+		t.Fatalf("pgtest: new cluster: %v", err)
+	}
+	c := &Cluster{inst: inst}
+	c.registerCleanup(t)
+
+	conf := []string{
+		"fsync = on",
+		"wal_level = replica",
+		"max_wal_senders = 10",
+		"hot_standby = on",
+		"max_connections = 100",
+		"shared_buffers = 32MB",
+	}
+	keys := make([]string, 0, len(opts.Config))
+	for k := range opts.Config {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		conf = append(conf, k+" = "+opts.Config[k])
+	}
+	if err := inst.initdb(ctx, conf); err != nil {
+		t.Fatalf("pgtest: new cluster: %v", err)
+	}
+	if err := inst.startNewPort(ctx); err != nil {
+		t.Fatalf("pgtest: start cluster: %v", err)
+	}
+
+	admin, err := pgx.Connect(ctx, c.AdminURL())
+	if err != nil {
+		t.Fatalf("pgtest: connect to new cluster: %v", err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident(ClusterDB)); err != nil {
+		t.Fatalf("pgtest: create database %s: %v", ClusterDB, err)
+	}
+	if !opts.NoMigrate {
+		if err := migrateUp(ctx, c.URL()); err != nil {
+			t.Fatalf("pgtest: new cluster: %v", err)
+		}
+	}
+	return c
+}
+
+// registerCleanup stops and removes the cluster when the test ends; when the
+// test failed it logs the server log tail, and under PGFENCE_TEST_KEEP=1 it
+// keeps the (stopped) data directory for inspection.
+func (c *Cluster) registerCleanup(t testing.TB) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgtest: cluster %s (%s), server log tail:\n%s", c.URL(), c.inst.base, c.inst.logTail(40))
+			if keep() {
+				c.inst.preserve()
+				t.Logf("pgtest: %s=1: keeping %s (pg_ctl start -D %s -l %s)", EnvKeep, c.inst.base, c.inst.data, c.inst.logfile)
+				return
+			}
+		}
+		c.inst.destroy()
+	})
+}
+
+// URL returns the superuser URL of the cluster's fence database.
+func (c *Cluster) URL() string { return c.inst.url(ClusterDB) }
+
+// AdminURL returns the superuser URL of the cluster's postgres database.
+func (c *Cluster) AdminURL() string { return c.inst.url("postgres") }
+
+// URLAs returns URL with the user replaced by role and no password; the
+// cluster uses trust authentication.
+func (c *Cluster) URLAs(role string) string { return URLAs(c.URL(), role) }
+
+// Port returns the TCP port the cluster listens on (on 127.0.0.1). It stays
+// the same across Stop and Start.
+func (c *Cluster) Port() int { return c.inst.port }
+
+// DataDir returns the cluster's data directory, for tests that inspect or
+// damage its files while it is stopped.
+func (c *Cluster) DataDir() string { return c.inst.data }
+
+// Logfile returns the path of the server log.
+func (c *Cluster) Logfile() string { return c.inst.logfile }
+
+// LogTail returns the last n lines of the server log, for failure messages.
+func (c *Cluster) LogTail(n int) string { return c.inst.logTail(n) }
+
+// Stop stops the server with pg_ctl's shutdown mode: "immediate" simulates a
+// crash (no checkpoint, recovery at the next start), "fast" is a clean
+// shutdown that disconnects sessions, "smart" waits for them.
+func (c *Cluster) Stop(t testing.TB, mode string) {
+	t.Helper()
+	switch mode {
+	case "immediate", "fast", "smart":
+	default:
+		t.Fatalf("pgtest: Stop mode %q: want immediate, fast or smart", mode)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if err := c.inst.stop(ctx, mode); err != nil {
+		t.Fatalf("pgtest: stop cluster: %v", err)
+	}
+}
+
+// Start starts the stopped server on the same port and waits until it
+// accepts connections, crash recovery included.
+func (c *Cluster) Start(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if err := c.inst.start(ctx); err != nil {
+		t.Fatalf("pgtest: start cluster: %v\nserver log:\n%s", err, c.inst.logTail(30))
+	}
+}
+
+// Restart stops the server with mode (see Stop) and starts it again.
+func (c *Cluster) Restart(t testing.TB, mode string) {
+	t.Helper()
+	c.Stop(t, mode)
+	c.Start(t)
+}
+
+// NewStandby clones the cluster with pg_basebackup (-R -X stream) into a new
+// asynchronous streaming standby on another free port, starts it, and waits
+// until it is in recovery and accepts read-only connections. It is stopped
+// and removed when the test ends, like its primary.
+func (c *Cluster) NewStandby(t testing.TB) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	inst, err := newInstance(c.inst.bins)
+	if err != nil {
+		t.Fatalf("pgtest: new standby: %v", err)
+	}
+	s := &Cluster{inst: inst}
+	s.registerCleanup(t)
+
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s",
+		c.inst.port, filepath.Base(inst.base))
+	if _, err := inst.run(ctx, "pg_basebackup", "-D", inst.data, "-R", "-X", "stream",
+		"-c", "fast", "-w", "-d", conninfo); err != nil {
+		t.Fatalf("pgtest: new standby: %v", err)
+	}
+	if err := inst.appendConf([]string{"unix_socket_directories = " + quoteConf(inst.base)}); err != nil {
+		t.Fatalf("pgtest: new standby: %v", err)
+	}
+	if err := inst.startNewPort(ctx); err != nil {
+		t.Fatalf("pgtest: start standby: %v\nserver log:\n%s", err, inst.logTail(30))
+	}
+	err = waitConnect(ctx, s.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		var inRecovery bool
+		err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery)
+		return inRecovery, err
+	})
+	if err != nil {
+		t.Fatalf("pgtest: standby never reached recovery: %v", err)
+	}
+	return s
+}
+
+// Promote promotes a standby (pg_ctl promote -w) and waits until it accepts
+// writes, that is until pg_is_in_recovery() is false.
+func (c *Cluster) Promote(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if _, err := c.inst.run(ctx, "pg_ctl", "promote", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)), "-D", c.inst.data); err != nil {
+		t.Fatalf("pgtest: promote: %v\nserver log:\n%s", err, c.inst.logTail(30))
+	}
+	err := waitConnect(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		var inRecovery bool
+		err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery)
+		return !inRecovery, err
+	})
+	if err != nil {
+		t.Fatalf("pgtest: promoted server still in recovery: %v", err)
+	}
+}
+
+// WaitCaughtUp waits until standby has replayed everything the cluster had
+// written when WaitCaughtUp was called, so that a test can reason about what
+// a promoted standby knows.
+func (c *Cluster) WaitCaughtUp(t testing.TB, standby *Cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	var lsn string
+	if err := waitConnect(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
+		return err == nil, err
+	}); err != nil {
+		t.Fatalf("pgtest: primary WAL position: %v", err)
+	}
+	err := waitConnect(ctx, standby.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		var done bool
+		err := conn.QueryRow(ctx, "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)", lsn).Scan(&done)
+		return done, err
+	})
+	if err != nil {
+		t.Fatalf("pgtest: standby did not replay up to %s: %v", lsn, err)
+	}
+}

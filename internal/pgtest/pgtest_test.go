@@ -1,0 +1,157 @@
+package pgtest_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func schemaExists(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, schema string) bool {
+	t.Helper()
+	var ok bool
+	err := q.QueryRow(t.Context(), "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&ok)
+	require.NoError(t, err)
+	return ok
+}
+
+func TestSetupIsMigrated(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	require.True(t, schemaExists(t, db.Pool, "fence"), "schema fence exists")
+
+	var version int64
+	var dirty bool
+	err := db.Pool.QueryRow(t.Context(), "SELECT version, dirty FROM "+pgx.Identifier{migrations.Table}.Sanitize()).Scan(&version, &dirty)
+	require.NoError(t, err)
+	require.False(t, dirty)
+	require.Positive(t, version)
+}
+
+func TestSetupsAreIndependent(t *testing.T) {
+	t.Parallel()
+	a := pgtest.Setup(t)
+	b := pgtest.Setup(t)
+	require.NotEqual(t, a.Name, b.Name)
+	require.NotEqual(t, a.URL, b.URL)
+
+	_, err := a.Pool.Exec(t.Context(), "CREATE TABLE only_in_a (id int)")
+	require.NoError(t, err)
+	var n int
+	err = b.Pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_class WHERE relname = 'only_in_a'").Scan(&n)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// Extra sessions are real, separate backends.
+	c1, c2 := a.Conn(t), a.Conn(t)
+	var p1, p2 int
+	require.NoError(t, c1.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&p1))
+	require.NoError(t, c2.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&p2))
+	require.NotEqual(t, p1, p2)
+}
+
+func TestEmptyHasNoSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Empty(t)
+	require.False(t, schemaExists(t, db.Pool, "fence"))
+}
+
+func TestNewRoleConnects(t *testing.T) {
+	t.Parallel()
+	role := pgtest.NewRole(t, "pgtest_role")
+	db := pgtest.Setup(t)
+	_, err := db.Pool.Exec(t.Context(), "GRANT CONNECT ON DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize())
+	require.NoError(t, err)
+
+	conn, err := pgx.Connect(t.Context(), db.URLAs(role))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var who string
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT current_user").Scan(&who))
+	require.Equal(t, role, who)
+}
+
+func TestURLFor(t *testing.T) {
+	t.Parallel()
+	got := pgtest.URLFor("postgres://u:p@h:5/a?sslmode=disable", "b")
+	require.Equal(t, "postgres://u:p@h:5/b?sslmode=disable", got)
+	require.Equal(t, "postgres://r@h:5/a?sslmode=disable", pgtest.URLAs("postgres://u:p@h:5/a?sslmode=disable", "r"))
+}
+
+func TestClusterImmediateStopAndStart(t *testing.T) {
+	t.Parallel()
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	conn, err := pgx.Connect(t.Context(), c.URL())
+	require.NoError(t, err)
+	require.True(t, schemaExists(t, conn, "fence"))
+	_, err = conn.Exec(t.Context(), "CREATE TABLE durable (v int); INSERT INTO durable VALUES (42)")
+	require.NoError(t, err)
+	_ = conn.Close(context.Background())
+
+	port := c.Port()
+	c.Stop(t, "immediate")
+	c.Start(t)
+	require.Equal(t, port, c.Port())
+
+	conn, err = pgx.Connect(t.Context(), c.URL())
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var v int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT v FROM durable").Scan(&v))
+	require.Equal(t, 42, v, "a committed row survives a crash")
+}
+
+func TestClusterNoMigrate(t *testing.T) {
+	t.Parallel()
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{NoMigrate: true})
+	conn, err := pgx.Connect(t.Context(), c.URL())
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	require.False(t, schemaExists(t, conn, "fence"))
+}
+
+func TestStandbyPromotion(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	pconn, err := pgx.Connect(t.Context(), primary.URL())
+	require.NoError(t, err)
+	defer pconn.Close(context.Background())
+	_, err = pconn.Exec(t.Context(), "CREATE TABLE replicated (v int); INSERT INTO replicated VALUES (7)")
+	require.NoError(t, err)
+
+	standby := primary.NewStandby(t)
+	require.NotEqual(t, primary.Port(), standby.Port())
+	primary.WaitCaughtUp(t, standby)
+
+	sconn, err := pgx.Connect(t.Context(), standby.URL())
+	require.NoError(t, err)
+	defer sconn.Close(context.Background())
+	var inRecovery bool
+	require.NoError(t, sconn.QueryRow(t.Context(), "SELECT pg_is_in_recovery()").Scan(&inRecovery))
+	require.True(t, inRecovery)
+	_, err = sconn.Exec(t.Context(), "INSERT INTO replicated VALUES (8)")
+	require.Error(t, err, "a standby is read-only")
+
+	primary.Stop(t, "immediate")
+	standby.Promote(t)
+
+	conn, err := pgx.Connect(t.Context(), standby.URL())
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(t.Context(), "INSERT INTO replicated VALUES (9)")
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT count(*) FROM replicated").Scan(&n))
+	require.Equal(t, 2, n)
+	var tli string
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)").Scan(&tli))
+	require.Equal(t, "00000002", tli)
+}

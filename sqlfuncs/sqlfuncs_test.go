@@ -1,0 +1,257 @@
+package sqlfuncs_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// bundle is what most tests need: a fresh migrated database.
+type bundle struct {
+	ctx context.Context
+	db  *pgtest.DB
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	return &bundle{ctx: t.Context(), db: pgtest.Setup(t)}
+}
+
+// exec runs SQL that belongs to the test itself (tables, rows), failing the
+// test on error.
+func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(b.ctx, sql, args...)
+	require.NoError(t, err, sql)
+}
+
+// requireCode asserts that err carries a PostgreSQL error with SQLSTATE code.
+func requireCode(t *testing.T, err error, code string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.Error(t, err)
+	require.True(t, errors.As(err, &pgErr), "want SQLSTATE %s, got non-PostgreSQL error %v", code, err)
+	require.Equal(t, code, pgErr.Code, "message: %s", pgErr.Message)
+}
+
+// acquireWhenFree polls fence.acquire until the server grants it (the previous
+// lease has expired by the server's clock) or the deadline passes.
+func acquireWhenFree(t *testing.T, ctx context.Context, db sqlfuncs.DB, resource, holder string, ttl time.Duration) int64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		tok, ok, err := sqlfuncs.Acquire(ctx, db, resource, holder, ttl)
+		require.NoError(t, err)
+		if ok {
+			return tok
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s was not granted %s within 10s", holder, resource)
+	return 0
+}
+
+func TestEveryFunctionHasABinding(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	// The bindings of this package, by SQL function name. Adding a function to
+	// schema fence without a binding (or removing one) fails this test.
+	bindings := map[string]any{
+		"acquire":         sqlfuncs.Acquire,
+		"acquire_session": sqlfuncs.AcquireSession,
+		"renew":           sqlfuncs.Renew,
+		"release":         sqlfuncs.Release,
+		"revoke":          sqlfuncs.Revoke,
+		"check":           sqlfuncs.Check,
+		"use_token":       sqlfuncs.UseToken,
+		"protect":         sqlfuncs.Protect,
+		"unprotect":       sqlfuncs.Unprotect,
+		"lock_key":        sqlfuncs.LockKey,
+		"try_lock":        sqlfuncs.TryLock,
+		"unlock":          sqlfuncs.Unlock,
+		"try_xact_lock":   sqlfuncs.TryXactLock,
+		"version":         sqlfuncs.Version,
+		"grant_usage":     sqlfuncs.GrantUsage,
+		"revoke_usage":    sqlfuncs.RevokeUsage,
+	}
+	// Internal helpers start with an underscore and trigger functions cannot
+	// be called; everything else is public surface.
+	rows, err := b.db.Pool.Query(b.ctx, `
+		SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		 WHERE n.nspname = 'fence' AND p.proname NOT LIKE '\_%' AND p.prorettype <> 'trigger'::regtype
+		 ORDER BY 1`)
+	require.NoError(t, err)
+	catalog, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+
+	var bound []string
+	for name := range bindings {
+		bound = append(bound, name)
+	}
+	slices.Sort(bound)
+	require.Equal(t, catalog, bound, "schema fence and package sqlfuncs have drifted apart")
+}
+
+func TestLeaseLifecycle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db.Pool
+
+	t1, ok, err := sqlfuncs.Acquire(ctx, db, "job", "A", 30*time.Second)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Positive(t, t1)
+
+	t.Run("a live lease is not granted twice", func(t *testing.T) {
+		_, ok, err := sqlfuncs.Acquire(ctx, db, "job", "B", 30*time.Second)
+		require.NoError(t, err)
+		require.False(t, ok)
+	})
+
+	t.Run("renew moves the expiry by the server clock", func(t *testing.T) {
+		var before time.Time
+		require.NoError(t, db.QueryRow(ctx, `SELECT expires_at FROM fence.leases WHERE resource = 'job'`).Scan(&before))
+		exp, ok, err := sqlfuncs.Renew(ctx, db, "job", t1, time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.True(t, exp.After(before), "renewed expiry %v not after %v", exp, before)
+
+		_, ok, err = sqlfuncs.Renew(ctx, db, "job", t1+1, time.Minute)
+		require.NoError(t, err)
+		require.False(t, ok, "renew with a token that is not the live lease")
+	})
+
+	t.Run("release is idempotent and wakes waiters", func(t *testing.T) {
+		listener := b.db.Conn(t)
+		_, err := listener.Exec(ctx, `LISTEN fence_release`)
+		require.NoError(t, err)
+
+		released, err := sqlfuncs.Release(ctx, db, "job", t1)
+		require.NoError(t, err)
+		require.True(t, released)
+		released, err = sqlfuncs.Release(ctx, db, "job", t1)
+		require.NoError(t, err)
+		require.False(t, released, "second release")
+
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		require.NoError(t, err)
+		require.Equal(t, "fence_release", n.Channel)
+		require.Equal(t, "job", n.Payload)
+
+		_, ok, err := sqlfuncs.Renew(ctx, db, "job", t1, time.Minute)
+		require.NoError(t, err)
+		require.False(t, ok, "renew after release")
+	})
+
+	t.Run("a retried release never touches a newer lease", func(t *testing.T) {
+		t2, ok, err := sqlfuncs.Acquire(ctx, db, "job", "B", 30*time.Second)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Greater(t, t2, t1)
+		released, err := sqlfuncs.Release(ctx, db, "job", t1)
+		require.NoError(t, err)
+		require.False(t, released)
+		var live bool
+		var holder string
+		require.NoError(t, db.QueryRow(ctx, `SELECT live, holder FROM fence.leases WHERE resource = 'job'`).Scan(&live, &holder))
+		require.True(t, live)
+		require.Equal(t, "B", holder)
+	})
+
+	t.Run("revoke makes every outstanding token stale", func(t *testing.T) {
+		var latest int64
+		require.NoError(t, db.QueryRow(ctx, `SELECT token FROM fence.leases WHERE resource = 'job'`).Scan(&latest))
+		t3, err := sqlfuncs.Revoke(ctx, db, "job")
+		require.NoError(t, err)
+		require.Greater(t, t3, latest)
+		require.ErrorIs(t, sqlfuncs.Check(ctx, db, "job", latest), sqlfuncs.ErrStaleToken)
+		var live bool
+		var holder *string
+		require.NoError(t, db.QueryRow(ctx, `SELECT live, holder FROM fence.leases WHERE resource = 'job'`).Scan(&live, &holder))
+		require.False(t, live)
+		require.Nil(t, holder)
+		t4, ok, err := sqlfuncs.Acquire(ctx, db, "job", "C", time.Second)
+		require.NoError(t, err)
+		require.True(t, ok, "a revoked resource is free")
+		require.Greater(t, t4, t3)
+	})
+}
+
+func TestTokenLayout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok, ok, err := sqlfuncs.Acquire(b.ctx, b.db.Pool, "layout", "A", time.Second)
+	require.NoError(t, err)
+	require.True(t, ok)
+	var tli int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint`).Scan(&tli))
+	require.Equal(t, tli, tok>>43, "epoch (high bits) is base 0 + the current timeline")
+	require.Equal(t, int64(1), tok&(1<<43-1), "the first grant of a resource has counter 1")
+}
+
+func TestLockKeyMatchesDocumentedMapping(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, name := range []string{"a", "nightly-report", "ünïcødé", `quote'"\`, string(make([]byte, 255))[:0] + "x"} {
+		got, err := sqlfuncs.LockKey(b.ctx, b.db.Pool, name)
+		require.NoError(t, err)
+		require.Equal(t, documentedLockKey(name), got, "lock_key(%q)", name)
+		require.Negative(t, got, "keys are negative, never in golang-migrate's [0, 2^32)")
+	}
+
+	conn1, conn2 := b.db.Conn(t), b.db.Conn(t)
+	ok, err := sqlfuncs.TryLock(b.ctx, conn1, "cron")
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = sqlfuncs.TryLock(b.ctx, conn2, "cron")
+	require.NoError(t, err)
+	require.False(t, ok, "second session")
+	ok, err = sqlfuncs.Unlock(b.ctx, conn2, "cron")
+	require.NoError(t, err)
+	require.False(t, ok, "unlock by a session that does not hold it")
+	ok, err = sqlfuncs.Unlock(b.ctx, conn1, "cron")
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	tx, err := conn1.Begin(b.ctx)
+	require.NoError(t, err)
+	ok, err = sqlfuncs.TryXactLock(b.ctx, tx, "cron")
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, err = sqlfuncs.TryLock(b.ctx, conn2, "cron")
+	require.NoError(t, err)
+	require.False(t, ok, "held by the open transaction")
+	require.NoError(t, tx.Commit(b.ctx))
+	ok, err = sqlfuncs.TryLock(b.ctx, conn2, "cron")
+	require.NoError(t, err)
+	require.True(t, ok, "released at commit")
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	v, err := sqlfuncs.Version(b.ctx, b.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 1, v)
+
+	empty := pgtest.Empty(t)
+	_, err = sqlfuncs.Version(b.ctx, empty.Pool)
+	require.ErrorIs(t, err, sqlfuncs.ErrNotInstalled)
+	require.Contains(t, err.Error(), "pgfence migrate up")
+	requireCode(t, err, "3F000")
+}
