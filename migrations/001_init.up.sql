@@ -22,8 +22,9 @@ COMMENT ON SCHEMA fence IS 'pgfence: leases with fencing tokens and guards that 
 -- when its grant committed (there is no sequence whose nextval could be handed
 -- out again after a crash).
 --
--- Nothing here is indexed but the primary key, so fence.renew (which changes
--- only expires_at) is a HOT update; fillfactor leaves room on the page for it.
+-- Only resource and token are indexed, so fence.renew and fence.release
+-- (which change neither) are HOT updates; fillfactor leaves room on the page
+-- for them.
 CREATE TABLE fence.lease (
     resource      text COLLATE "C" PRIMARY KEY,
     token         bigint NOT NULL CHECK (token > 0),
@@ -34,6 +35,14 @@ CREATE TABLE fence.lease (
     ended_at      timestamptz,
     session_pid   integer,
     session_start timestamptz,
+    -- This constraint is what makes fence.check linearizable, not a
+    -- nicety: it makes token a key column, so a grant is a key update. A
+    -- FOR KEY SHARE lock on a row version whose non-key columns were updated
+    -- by a transaction that committed after the locker's snapshot succeeds on
+    -- the old version without a re-read, and fence.check would then compare
+    -- against the old token (found by the race test in sqlfuncs). A key
+    -- update makes the locker wait or re-read the newest version instead.
+    CONSTRAINT lease_token_key UNIQUE (resource, token),
     CHECK (kind <> 'ttl' OR expires_at IS NOT NULL),
     CHECK (kind <> 'session' OR (session_pid IS NOT NULL AND session_start IS NOT NULL)),
     CHECK (kind <> 'revoked' OR (holder IS NULL AND ended_at IS NOT NULL))
@@ -292,7 +301,7 @@ BEGIN
         INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid, session_start)
         VALUES (resource, first_tok, holder, kind, now, now + ttl,
                 CASE WHEN kind = 'revoked' THEN now END, spid, sstart)
-        ON CONFLICT ON CONSTRAINT lease_pkey DO NOTHING
+        ON CONFLICT DO NOTHING  -- every unique index arbitrates: a racing first grant of the same resource
         RETURNING x.token INTO t;
         IF t IS NULL THEN
             SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE;

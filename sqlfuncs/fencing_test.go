@@ -284,7 +284,7 @@ func TestLinearizableFencingUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx, db := b.ctx, b.db.Pool
-	b.exec(t, `CREATE TABLE writes (id bigserial PRIMARY KEY, token bigint NOT NULL, note text)`)
+	b.exec(t, `CREATE TABLE writes (id bigserial PRIMARY KEY, token bigint NOT NULL, note text, at timestamptz default clock_timestamp())`)
 	require.NoError(t, sqlfuncs.Protect(ctx, db, "writes", "race", "token"))
 	first, ok, err := sqlfuncs.Acquire(ctx, db, "race", "init", time.Minute)
 	require.NoError(t, err)
@@ -359,6 +359,11 @@ func TestLinearizableFencingUnderConcurrency(t *testing.T) {
 		}
 		var older int64
 		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM writes WHERE token < $1`, g.token).Scan(&older))
+		if g.olderRows != older {
+			r, _ := db.Query(ctx, `SELECT format('id=%s tok=%s note=%s xmin=%s at=%s', id, token, note, xmin, at) FROM writes WHERE token < $1 ORDER BY id DESC LIMIT 20`, g.token)
+			lines, _ := pgx.CollectRows(r, pgx.RowTo[string])
+			t.Logf("rows under tokens older than grant %d: %v", g.token, lines)
+		}
 		require.Equal(t, g.olderRows, older, "a write under a token older than %d committed after its grant", g.token)
 	}
 	t.Logf("%d grants, %d transactions accepted, %d refused", len(grants), accepted.Load(), refused.Load())

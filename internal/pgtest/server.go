@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -29,10 +30,10 @@ type server struct {
 }
 
 var (
-	serverOnce sync.Once
-	serverVal  *server
-	serverErr  error
-	serverMu   sync.Mutex // guards serverVal against shutdown
+	serverOnce   sync.Once
+	serverVal    *server
+	serverErr    error
+	shutdownOnce sync.Once
 )
 
 // getServer finds the shared server on first use and returns the same
@@ -40,9 +41,7 @@ var (
 func getServer() (*server, error) {
 	serverOnce.Do(func() {
 		srv, err := findServer()
-		serverMu.Lock()
 		serverVal, serverErr = srv, err
-		serverMu.Unlock()
 		if err == nil {
 			fmt.Fprintf(os.Stderr, "pgtest: using %s %s\n", srv.source, redact(srv.adminURL))
 		}
@@ -51,12 +50,16 @@ func getServer() (*server, error) {
 }
 
 // shutdown closes the admin pool and stops whatever server the harness
-// started. It is called by Main once the tests are done.
+// started. It is called by Main once the tests are done (and their
+// goroutines with them), and does nothing when no test asked for a server.
 func shutdown() {
-	serverMu.Lock()
+	shutdownOnce.Do(shutdownServer)
+}
+
+func shutdownServer() {
+	// Mark the server as found, so that nothing can start one now.
+	serverOnce.Do(func() { serverErr = errors.New("test binary is shutting down") })
 	srv := serverVal
-	serverVal = nil
-	serverMu.Unlock()
 	if srv == nil {
 		return
 	}
@@ -68,6 +71,9 @@ func shutdown() {
 		return
 	}
 	if srv.stop != nil {
+		if keptDatabases.Load() {
+			fmt.Fprintf(os.Stderr, "pgtest: %s=1: the kept databases go away with the %s server\n", EnvKeep, srv.source)
+		}
 		srv.stop()
 	}
 }
