@@ -805,7 +805,11 @@ AS $$ SELECT 1 $$;
 COMMENT ON FUNCTION fence.version() IS 'the migration version of the installed pgfence schema';
 
 -- Grants an application role what it needs to hold leases and write under
--- tokens; with operator, also fence.revoke. Run by the kit's owner (the role
+-- tokens; with operator, also fence.revoke. Of the internal functions it
+-- grants only what runs with the caller's rights: the guard trigger functions
+-- (CREATE TRIGGER in fence.protect needs EXECUTE on them; they cannot be
+-- called directly), fence._check_name (argument checks) and fence._lease_key
+-- (a hash, used by the fence.leases view), which have no side effects. Run by the kit's owner (the role
 -- that applied the migrations) or a superuser.
 CREATE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -824,7 +828,8 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval), fence.acquire_session(text, text),
         fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
         fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
-        fence._guard_row(), fence._guard_stmt(), fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
+        fence._guard_row(), fence._guard_stmt(), fence._check_name(text, text), fence._lease_key(text),
+        fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
         fence.try_xact_lock(text), fence.version() TO %I', role);
     IF operator THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION fence.revoke(text) TO %I', role);

@@ -1,0 +1,166 @@
+package sqlfuncs_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// TestApplicationRolePrivileges connects as a role that was given only
+// fence.grant_usage (plus ordinary table privileges) and tries to forge,
+// reset and bypass. Each attempt must fail with the expected SQLSTATE.
+func TestApplicationRolePrivileges(t *testing.T) {
+	t.Parallel()
+	app := pgtest.NewRole(t, "app")
+	b := setup(t)
+	ctx, owner := b.ctx, b.db.Pool
+
+	b.exec(t, `CREATE TABLE orders (id int PRIMARY KEY, note text, token bigint)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, owner, "orders", "orders", "token"))
+	b.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON orders TO `+pgx.Identifier{app}.Sanitize())
+	b.exec(t, `GRANT CREATE ON SCHEMA public TO `+pgx.Identifier{app}.Sanitize())
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, owner, app, false))
+
+	conn, err := pgx.Connect(ctx, b.db.URLAs(app))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(ctx) })
+
+	t.Run("the usage privilege is enough to hold leases and write under tokens", func(t *testing.T) {
+		tok, ok, err := sqlfuncs.Acquire(ctx, conn, "orders", "app", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, err = conn.Exec(ctx, `INSERT INTO orders VALUES (1, 'by app', $1)`, tok)
+		require.NoError(t, err)
+		require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			require.NoError(t, sqlfuncs.UseToken(ctx, tx, "orders", tok))
+			_, err := tx.Exec(ctx, `DELETE FROM orders WHERE id = 1`)
+			return err
+		}))
+		_, ok, err = sqlfuncs.Renew(ctx, conn, "orders", tok, time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		released, err := sqlfuncs.Release(ctx, conn, "orders", tok)
+		require.NoError(t, err)
+		require.True(t, released)
+		st, ok, err := sqlfuncs.AcquireSession(ctx, conn, "app-session", "app")
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, err = sqlfuncs.Release(ctx, conn, "app-session", st)
+		require.NoError(t, err)
+		_, err = sqlfuncs.TryLock(ctx, conn, "x")
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM fence.leases`).Scan(&n))
+		require.Positive(t, n)
+		_, err = sqlfuncs.Version(ctx, conn)
+		require.NoError(t, err)
+	})
+
+	t.Run("it can protect and unprotect a table it owns", func(t *testing.T) {
+		_, err := conn.Exec(ctx, `CREATE TABLE public.mine (id int, token bigint)`)
+		require.NoError(t, err)
+		require.NoError(t, sqlfuncs.Protect(ctx, conn, "public.mine", "mine", "token"))
+		_, err = conn.Exec(ctx, `INSERT INTO public.mine VALUES (1, NULL)`)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+		require.NoError(t, sqlfuncs.Unprotect(ctx, conn, "public.mine"))
+	})
+
+	tok, ok, err := sqlfuncs.Acquire(ctx, owner, "orders", "owner", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	attempts := []struct{ name, sql, code string }{
+		{"update lease rows", `UPDATE fence.lease SET token = 1`, "42501"},
+		{"delete lease rows", `DELETE FROM fence.lease`, "42501"},
+		{"insert a lease row", `INSERT INTO fence.lease (resource, token, kind, acquired_at, expires_at) VALUES ('x', 1, 'ttl', now(), now())`, "42501"},
+		{"read the lease table directly", `SELECT * FROM fence.lease`, "42501"},
+		{"reset the epoch", `UPDATE fence.epoch_state SET base = 0`, "42501"},
+		{"call the internal grant", `SELECT fence._grant('orders', 'app', 'ttl', '1 minute', true)`, "42501"},
+		{"call the internal epoch", `SELECT fence._epoch()`, "42501"},
+		{"revoke without the operator privilege", `SELECT fence.revoke('orders')`, "42501"},
+		{"grant itself more", `SELECT fence.grant_usage(current_user, true)`, "42501"},
+		{"disable the guard triggers", `ALTER TABLE orders DISABLE TRIGGER ALL`, "42501"},
+		{"drop a guard trigger", `DROP TRIGGER zz_fence_guard_row ON orders`, "42501"},
+		{"unprotect a table it does not own", `SELECT fence.unprotect('orders')`, "42501"},
+		{"re-protect a table it does not own", `SELECT fence.protect('orders', 'other')`, "42501"},
+		{"replica mode skips triggers", `SET session_replication_role = replica`, "42501"},
+		{"truncate without a token", `TRUNCATE orders`, "FN002"},
+		{"write under a token made up by hand", `INSERT INTO orders VALUES (2, 'forged', 9223372036854775807)`, "FN003"},
+		{"create objects in schema fence", `CREATE FUNCTION fence.acquire(text) RETURNS int LANGUAGE sql AS 'SELECT 1'`, "42501"},
+	}
+	for _, a := range attempts {
+		t.Run("cannot "+a.name, func(t *testing.T) {
+			_, err := conn.Exec(ctx, a.sql)
+			requireCode(t, err, a.code)
+		})
+	}
+
+	t.Run("a forged fence.tokens setting gains nothing", func(t *testing.T) {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT set_config('fence.tokens', '{"orders": 1}', true)`)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `DELETE FROM orders`)
+			return err
+		})
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+	})
+
+	t.Run("functions planted in public cannot hijack the kit", func(t *testing.T) {
+		for _, ddl := range []string{
+			`CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS $$ SELECT '2100-01-01'::timestamptz $$`,
+			`CREATE FUNCTION public.pg_try_advisory_xact_lock(bigint) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$`,
+			`CREATE FUNCTION public.greatest_token(bigint) RETURNS bigint LANGUAGE sql AS $$ SELECT 1::bigint $$`,
+			`CREATE FUNCTION public.char_length(text) RETURNS int LANGUAGE sql AS $$ SELECT 1 $$`,
+			`CREATE FUNCTION public.current_setting(text, boolean) RETURNS text LANGUAGE sql AS $$ SELECT '{"orders": 1}' $$`,
+		} {
+			_, err := conn.Exec(ctx, ddl)
+			require.NoError(t, err, ddl)
+		}
+		_, err := conn.Exec(ctx, `SET search_path = public, pg_catalog`)
+		require.NoError(t, err)
+		var now time.Time
+		require.NoError(t, conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now))
+		require.Equal(t, 2100, now.Year(), "the planted function is what this session resolves")
+
+		_, ok, err := sqlfuncs.Acquire(ctx, conn, "orders", "thief", time.Minute)
+		require.NoError(t, err)
+		require.False(t, ok, "the owner's live lease is still live: the kit used pg_catalog.clock_timestamp")
+		err = sqlfuncs.Check(ctx, conn, "orders", tok-1)
+		require.ErrorIs(t, err, sqlfuncs.ErrStaleToken)
+		_, err = conn.Exec(ctx, `INSERT INTO orders VALUES (3, 'planted', 1)`)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+		_, _, err = sqlfuncs.Acquire(ctx, conn, strings.Repeat("x", 300), "thief", time.Minute)
+		requireCode(t, err, "22001") // char_length was not replaced either
+	})
+
+	t.Run("the kit has no sequence to setval", func(t *testing.T) {
+		var n int
+		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relkind = 'S' AND relnamespace = 'fence'::regnamespace`).Scan(&n))
+		require.Zero(t, n, "tokens come from the lease rows, not from a sequence")
+	})
+
+	t.Run("revoke_usage takes it all back", func(t *testing.T) {
+		require.NoError(t, sqlfuncs.RevokeUsage(ctx, owner, app))
+		fresh, err := pgx.Connect(ctx, b.db.URLAs(app))
+		require.NoError(t, err)
+		defer fresh.Close(ctx)
+		_, _, err = sqlfuncs.Acquire(ctx, fresh, "orders", "app", time.Minute)
+		requireCode(t, err, "42501")
+	})
+
+	t.Run("operator usage adds revoke", func(t *testing.T) {
+		require.NoError(t, sqlfuncs.GrantUsage(ctx, owner, app, true))
+		fresh, err := pgx.Connect(ctx, b.db.URLAs(app))
+		require.NoError(t, err)
+		defer fresh.Close(ctx)
+		_, err = sqlfuncs.Revoke(ctx, fresh, "orders")
+		require.NoError(t, err)
+	})
+}
+
