@@ -41,15 +41,21 @@ func MigrateSteps(ctx context.Context, pool *pgxpool.Pool, n int) error {
 }
 
 // MigrationVersion reports the applied version and whether a migration failed
-// half-way (dirty). Version 0 with no error means the kit is not installed.
+// half-way (dirty). Version 0 means the kit is not installed; (0, true) means a
+// migration down from version 1 failed half-way.
 func MigrationVersion(ctx context.Context, pool *pgxpool.Pool) (version uint, dirty bool, err error) {
-	err = withMigrate(ctx, pool, func(m *migrate.Migrate) error {
-		var verr error
-		version, dirty, verr = m.Version()
-		if errors.Is(verr, migrate.ErrNilVersion) {
-			return nil
+	err = withDriver(ctx, pool, func(_ *migrate.Migrate, drv database.Driver) error {
+		// Asked of the driver, not of migrate.Migrate.Version, which reports
+		// "no version" and drops the dirty flag after a failed first up or last down.
+		v, d, verr := drv.Version()
+		if verr != nil {
+			return verr
 		}
-		return verr
+		if v > 0 {
+			version = uint(v)
+		}
+		dirty = d
+		return nil
 	})
 	return version, dirty, err
 }
@@ -65,6 +71,11 @@ func ForceMigrationVersion(ctx context.Context, pool *pgxpool.Pool, version int)
 // database/sql view of pool (closing that view leaves the pool open), runs fn,
 // and stops fn early (between migrations) when ctx is done.
 func withMigrate(ctx context.Context, pool *pgxpool.Pool, fn func(*migrate.Migrate) error) error {
+	return withDriver(ctx, pool, func(m *migrate.Migrate, _ database.Driver) error { return fn(m) })
+}
+
+// withDriver is withMigrate that also hands fn the database driver.
+func withDriver(ctx context.Context, pool *pgxpool.Pool, fn func(*migrate.Migrate, database.Driver) error) error {
 	src, err := iofs.New(migrations.FS, ".")
 	if err != nil {
 		return fmt.Errorf("pgfence: reading embedded migrations: %w", err)
@@ -95,7 +106,7 @@ func withMigrate(ctx context.Context, pool *pgxpool.Pool, fn func(*migrate.Migra
 		}
 	}()
 
-	err = fn(m)
+	err = fn(m, drv)
 	if errors.Is(err, migrate.ErrNoChange) {
 		err = nil
 	}

@@ -1,0 +1,269 @@
+package gofence_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// catalogQuery describes everything the kit installs, so two installs can be
+// compared: functions (with a hash of their bodies, security, settings and
+// privileges), relations, columns, constraints, views, the schema's
+// privileges, and the golang-migrate version row.
+const catalogQuery = `
+SELECT 'function ' || p.oid::regprocedure || ' ' || md5(p.prosrc) || ' definer=' || p.prosecdef
+       || ' config=' || coalesce(p.proconfig::text, '') || ' acl=' || coalesce(p.proacl::text, '')
+  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' acl=' || coalesce(c.relacl::text, '') || ' options=' || coalesce(c.reloptions::text, '')
+  FROM pg_class c WHERE c.relnamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+ WHERE c.relnamespace = 'fence'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'view ' || viewname || ' ' || md5(definition) FROM pg_views WHERE schemaname = 'fence'
+UNION ALL
+SELECT 'schema acl=' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspname = 'fence'
+UNION ALL
+SELECT 'version ' || version || ' dirty=' || dirty FROM fence_schema_migrations
+ORDER BY 1`
+
+func catalog(t *testing.T, ctx context.Context, db *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := db.Query(ctx, catalogQuery)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return lines
+}
+
+// appObjects creates what an application already has in its database,
+// including its own golang-migrate table, and returns a query whose answer
+// must not change whatever the kit's migrations do.
+func appObjects(t *testing.T, ctx context.Context, db *pgxpool.Pool) string {
+	t.Helper()
+	for _, sql := range []string{
+		`CREATE TABLE public.schema_migrations (version bigint PRIMARY KEY, dirty boolean NOT NULL)`,
+		`INSERT INTO public.schema_migrations VALUES (42, false)`,
+		`CREATE TABLE public.orders (id int PRIMARY KEY, note text)`,
+		`INSERT INTO public.orders VALUES (1, 'keep me'), (2, 'me too')`,
+		`CREATE FUNCTION public.app_fn() RETURNS int LANGUAGE sql AS 'SELECT 7'`,
+		`CREATE SCHEMA app`,
+		`CREATE TABLE app.things (id int)`,
+	} {
+		_, err := db.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	return `SELECT (SELECT string_agg(version || ':' || dirty, ',') FROM public.schema_migrations)
+	            || '|' || (SELECT string_agg(id || note, ',' ORDER BY id) FROM public.orders)
+	            || '|' || public.app_fn()
+	            || '|' || (SELECT string_agg(c.relnamespace::regnamespace || '.' || c.relname, ',' ORDER BY 1)
+	                         FROM pg_class c WHERE c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+	                          AND c.relnamespace::regnamespace::text NOT IN ('fence', 'pg_toast')
+	                          AND c.relname NOT LIKE 'fence_schema_migrations%')`
+}
+
+func queryString(t *testing.T, ctx context.Context, db *pgxpool.Pool, sql string) string {
+	t.Helper()
+	var s string
+	require.NoError(t, db.QueryRow(ctx, sql).Scan(&s))
+	return s
+}
+
+func requireVersion(t *testing.T, ctx context.Context, db *pgxpool.Pool, want uint) {
+	t.Helper()
+	v, dirty, err := gofence.MigrationVersion(ctx, db)
+	require.NoError(t, err)
+	require.False(t, dirty)
+	require.Equal(t, want, v)
+}
+
+func TestMigrateUpDownUpLeavesTheApplicationAlone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	check := appObjects(t, ctx, db.Pool)
+	before := queryString(t, ctx, db.Pool, check)
+
+	requireVersion(t, ctx, db.Pool, 0)
+	require.NoError(t, gofence.Migrate(ctx, db.Pool))
+	requireVersion(t, ctx, db.Pool, 1)
+	installed := catalog(t, ctx, db.Pool)
+	require.Equal(t, before, queryString(t, ctx, db.Pool, check))
+
+	require.NoError(t, gofence.Migrate(ctx, db.Pool), "a second up is a no-op")
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 0))
+	requireVersion(t, ctx, db.Pool, 0)
+	var fenceObjects int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = 'fence'`).Scan(&fenceObjects))
+	require.Zero(t, fenceObjects, "down removes schema fence")
+	require.Equal(t, before, queryString(t, ctx, db.Pool, check))
+
+	require.NoError(t, gofence.Migrate(ctx, db.Pool))
+	require.Equal(t, installed, catalog(t, ctx, db.Pool), "up after down installs the same kit")
+	require.Equal(t, before, queryString(t, ctx, db.Pool, check))
+	require.NoError(t, db.Pool.Ping(ctx), "the caller's pool is still open")
+}
+
+func TestMigrateAsAnOrdinaryRoleWithCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	migrator := pgtest.NewRole(t, "migrator")
+	app := pgtest.NewRole(t, "app")
+	db := pgtest.Empty(t)
+	for _, sql := range []string{
+		`GRANT CREATE ON DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` TO ` + pgx.Identifier{migrator}.Sanitize(),
+		`GRANT CREATE ON SCHEMA public TO ` + pgx.Identifier{migrator}.Sanitize(), // for fence_schema_migrations
+	} {
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	pool, err := pgxpool.New(ctx, db.URLAs(migrator))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var super bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
+	require.False(t, super)
+
+	require.NoError(t, gofence.Migrate(ctx, pool))
+	requireVersion(t, ctx, pool, 1)
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, pool, app, false))
+	appPool, err := pgxpool.New(ctx, db.URLAs(app))
+	require.NoError(t, err)
+	t.Cleanup(appPool.Close)
+	tok, ok, err := sqlfuncs.Acquire(ctx, appPool, "r", "app", time.Second)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Positive(t, tok)
+}
+
+func TestMigrateDownRefusesWhileTablesAreProtected(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	require.NoError(t, gofence.Migrate(ctx, db.Pool))
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id int, token bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "orders", "orders", "token"))
+
+	err = gofence.MigrateTo(ctx, db.Pool, 0)
+	require.Error(t, err)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "the PgError stays reachable: %T %v", errors.Unwrap(errors.Unwrap(err)), err)
+	require.Equal(t, "2BP01", pgErr.Code)
+	require.Contains(t, pgErr.Message, "orders")
+	require.Contains(t, pgErr.Hint, "fence.unprotect")
+
+	// Nothing was removed: the guard still works.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES (1, NULL)`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+
+	// The documented way out: force the version back, unprotect, migrate down.
+	_, dirty, err := gofence.MigrationVersion(ctx, db.Pool)
+	require.NoError(t, err)
+	require.True(t, dirty)
+	require.NoError(t, gofence.ForceMigrationVersion(ctx, db.Pool, 1))
+	require.NoError(t, sqlfuncs.Unprotect(ctx, db.Pool, "orders"))
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 0))
+	requireVersion(t, ctx, db.Pool, 0)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES (1, NULL)`)
+	require.NoError(t, err, "no trigger is left calling a missing function")
+}
+
+func TestConcurrentMigratorsSerialize(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		pool, err := pgxpool.New(ctx, db.URL)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		wg.Go(func() { errs[i] = gofence.Migrate(ctx, pool) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	requireVersion(t, ctx, db.Pool, 1)
+	var rows int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM fence_schema_migrations`).Scan(&rows))
+	require.Equal(t, 1, rows)
+}
+
+// migrateCLI finds the upstream golang-migrate CLI (built with the pgx5
+// driver): $PGFENCE_MIGRATE_CLI, else `migrate` on PATH. .ci/run installs it.
+func migrateCLI(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("PGFENCE_MIGRATE_CLI"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("migrate"); err == nil {
+		return p
+	}
+	msg := "the upstream migrate CLI is not installed: go install -tags pgx5 github.com/golang-migrate/migrate/v4/cmd/migrate@v4.20.1"
+	if os.Getenv("PGFENCE_TEST_REQUIRE_MIGRATE_CLI") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+func TestUpstreamMigrateCLIGivesTheSameSchema(t *testing.T) {
+	t.Parallel()
+	cli := migrateCLI(t)
+	ctx := t.Context()
+	viaCLI, viaGo := pgtest.Empty(t), pgtest.Empty(t)
+	check := appObjects(t, ctx, viaCLI.Pool)
+	before := queryString(t, ctx, viaCLI.Pool, check)
+
+	u, err := url.Parse(viaCLI.URL)
+	require.NoError(t, err)
+	u.Scheme = "pgx5"
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	q.Set("x-migrations-table", "fence_schema_migrations")
+	u.RawQuery = q.Encode()
+	dir, err := filepath.Abs("../migrations")
+	require.NoError(t, err)
+	run := func(args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, cli, append([]string{"-path", dir, "-database", u.String()}, args...)...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "migrate %s: %s", strings.Join(args, " "), out)
+	}
+
+	run("up")
+	require.NoError(t, gofence.Migrate(ctx, viaGo.Pool))
+	require.Equal(t, catalog(t, ctx, viaGo.Pool), catalog(t, ctx, viaCLI.Pool))
+	require.Equal(t, before, queryString(t, ctx, viaCLI.Pool, check), "the application's schema_migrations and objects are untouched")
+	requireVersion(t, ctx, viaCLI.Pool, 1) // the Go runner reads what the CLI wrote
+
+	run("down", "-all")
+	require.Equal(t, before, queryString(t, ctx, viaCLI.Pool, check))
+	var n int
+	require.NoError(t, viaCLI.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = 'fence'`).Scan(&n))
+	require.Zero(t, n)
+}
