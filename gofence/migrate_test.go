@@ -170,7 +170,7 @@ func TestMigrateDownRefusesWhileTablesAreProtected(t *testing.T) {
 	err = gofence.MigrateTo(ctx, db.Pool, 0)
 	require.Error(t, err)
 	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "the PgError stays reachable: %T %v", errors.Unwrap(errors.Unwrap(err)), err)
+	require.True(t, errors.As(err, &pgErr), "the PgError stays reachable: %v", err)
 	require.Equal(t, "2BP01", pgErr.Code)
 	require.Contains(t, pgErr.Message, "orders")
 	require.Contains(t, pgErr.Hint, "fence.unprotect")

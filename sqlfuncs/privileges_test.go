@@ -163,4 +163,3 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		require.NoError(t, err)
 	})
 }
-
