@@ -1,0 +1,120 @@
+// Package cli is the command tree of the pgfence CLI. It takes its arguments
+// and writers as parameters so that every command runs in-process in tests.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes of every command.
+const (
+	// ExitOK: the command did what it was asked.
+	ExitOK = 0
+	// ExitError: the command failed (bad input, database error).
+	ExitError = 1
+	// ExitUsage: the command line could not be parsed.
+	ExitUsage = 2
+)
+
+// DefaultDatabaseURL is used when neither --database-url, DATABASE_URL nor
+// any PG* variable says where the database is.
+const DefaultDatabaseURL = "postgres://localhost:5432/postgres"
+
+// globals are the flags every command shares.
+type globals struct {
+	databaseURL string
+	stdout      io.Writer
+	stderr      io.Writer
+}
+
+// Run parses args, runs the command and returns the process exit code.
+// Errors are printed to stderr on one line.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "pgfence",
+		Short: "Leases with fencing tokens that PostgreSQL itself enforces",
+		Long: `pgfence hands out leases with fencing tokens and makes PostgreSQL refuse
+writes that carry a stale token, inside the writing transaction.
+
+Connection: --database-url, else DATABASE_URL, else the standard libpq PG*
+variables (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else ` + DefaultDatabaseURL + `.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, PG* variables, "+DefaultDatabaseURL+")")
+	root.AddCommand(newMigrateCmd(g), newDemoCmd(g))
+
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "pgfence: "+oneLine(err))
+		var uerr usageError
+		if errors.As(err, &uerr) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") {
+			return ExitUsage
+		}
+		return ExitError
+	}
+	return ExitOK
+}
+
+// usageError marks errors in the command line.
+type usageError struct{ error }
+
+// connString resolves where the database is, in the documented order.
+func (g *globals) connString() string {
+	if g.databaseURL != "" {
+		return g.databaseURL
+	}
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		return u
+	}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PG") && strings.Contains(kv, "=") {
+			return "" // pgx reads the PG* variables itself
+		}
+	}
+	return DefaultDatabaseURL
+}
+
+// connect opens a pool and checks that the server answers, turning a refused
+// connection into advice.
+func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	return connectTo(ctx, g.connString())
+}
+
+func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("bad connection string: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return nil, fmt.Errorf("connecting to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		}
+		return nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d (%v); start it (for example `pg_ctlcluster 15 main start`) or point --database-url / DATABASE_URL at a running server",
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
+}
+
+// oneLine folds an error onto a single line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}

@@ -1,0 +1,142 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// TestDumpRestoreIntoFreshCluster: the fence database of cluster A is dumped
+// (pg_dump -Fc), A grants more (those grants are lost), and the dump is
+// restored into a fresh cluster B (new system identifier, timeline 1 again).
+// Grants on B exceed every token of the dump and every token A granted after
+// the dump.
+func TestDumpRestoreIntoFreshCluster(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	a := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	ac := connect(t, ctx, a.URL(), false)
+
+	resources := []string{"restore/x", "restore/y"}
+	const lostOnly = "restore/z" // first granted on A after the dump
+	everything := []string{"restore/x", "restore/y", lostOnly}
+	granted := newLedger()
+	for range 3 {
+		for _, res := range resources {
+			tok := mustAcquire(t, ctx, ac, res, "A")
+			granted.add(res, tok)
+			mustRelease(t, ctx, ac, res, tok)
+			granted.add(res, mustRevoke(t, ctx, ac, res))
+		}
+	}
+	dumped := granted.clone()
+	sysidA := systemIdentifier(t, ctx, ac)
+
+	dump := filepath.Join(t.TempDir(), "fence.dump")
+	pgTool(t, ctx, ac, "pg_dump", "-Fc", "-f", dump, "-d", a.URL())
+
+	// Grants after the dump: a restore of the dump loses them.
+	for _, res := range everything {
+		granted.add(res, mustAcquire(t, ctx, ac, res, "A-after-dump"))
+	}
+	require.Equal(t, int64(1), timeline(t, ctx, ac), "A stays on timeline 1 after the dump")
+	maxEpochA := granted.maxEpoch()
+	t.Logf("A (system identifier %d): %d tokens in the dump, %d in all, max epoch %d",
+		sysidA, dumped.count(), granted.count(), maxEpochA)
+
+	b := pgtest.NewCluster(t, pgtest.ClusterOptions{NoMigrate: true})
+	bc := connect(t, ctx, b.URL(), false)
+	sysidB := systemIdentifier(t, ctx, bc)
+	require.NotEqual(t, sysidA, sysidB)
+
+	t.Run("pg_restore of the fence schema succeeds", func(t *testing.T) {
+		out := pgTool(t, ctx, bc, "pg_restore", "--exit-on-error", "-d", b.URL(), dump)
+		if out != "" {
+			t.Logf("pg_restore output:\n%s", out)
+		}
+		v, err := sqlfuncs.Version(ctx, bc)
+		require.NoError(t, err)
+		require.Positive(t, v)
+	})
+	bc = connect(t, ctx, b.URL(), false) // a fresh session sees the restored schema from scratch
+
+	t.Run("restored state is the dump", func(t *testing.T) {
+		got := leaseTokens(t, ctx, bc)
+		for _, res := range resources {
+			require.Equal(t, dumped.max(res), got[res], "restored lease row of %s", res)
+		}
+		require.NotContains(t, got, lostOnly)
+		st := readEpochState(t, ctx, bc)
+		require.Equal(t, sysidA, st.sysid, "epoch_state still describes A before the first grant on B")
+		require.Equal(t, int64(1), timeline(t, ctx, bc), "a fresh cluster is on timeline 1")
+	})
+
+	after := newLedger()
+	t.Run("grants on B exceed the dump and A's later grants", func(t *testing.T) {
+		for _, res := range everything {
+			r, acq := grantAfterFault(t, ctx, bc, granted, res, "after restore")
+			after.add(res, r)
+			after.add(res, acq)
+			require.Greater(t, epochOf(r), maxEpochA, "epoch on B, %s", res)
+			t.Logf("%s: max on A %d (epoch %d) -> on B %d (epoch %d)", res, granted.max(res), epochOf(granted.max(res)), acq, epochOf(acq))
+		}
+		st := readEpochState(t, ctx, bc)
+		require.Equal(t, sysidB, st.sysid, "the first grant on B adopts B's system identifier")
+		require.Equal(t, int64(1), st.timeline)
+		require.GreaterOrEqual(t, st.base, maxEpochA, "the base moves past every epoch A used")
+	})
+
+	t.Run("tokens of A are stale on B", func(t *testing.T) {
+		for _, res := range everything {
+			requireStale(t, ctx, bc, granted, res)
+		}
+	})
+}
+
+// envKnownGaps, set to 1, runs the tests of known gaps of the kit, which
+// fail until the kit is fixed.
+const envKnownGaps = "PGFENCE_TEST_KNOWN_GAPS"
+
+// TestDumpRestoreIntoSameCluster restores the dump into another database of
+// the cluster it came from (the same as restoring over the lost database in
+// place): same system identifier, same timeline. The tokens granted after
+// the dump are lost, and nothing in fence.epoch_state tells the restored
+// database so: fence._epoch keeps the base, and the counter starts again
+// from the dumped token, handing out again tokens that the source database
+// had already returned.
+//
+// KNOWN GAP: this fails with the kit of migration 001, so it only runs under
+// PGFENCE_TEST_KNOWN_GAPS=1.
+func TestDumpRestoreIntoSameCluster(t *testing.T) {
+	if os.Getenv(envKnownGaps) != "1" {
+		t.Skipf("known gap: a restore into the cluster the dump came from reuses tokens; set %s=1 to run", envKnownGaps)
+	}
+	t.Parallel()
+	ctx := testContext(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	conn := connect(t, ctx, c.URL(), false)
+
+	const res = "same/x"
+	granted := newLedger()
+	granted.add(res, mustRevoke(t, ctx, conn, res))
+	dump := filepath.Join(t.TempDir(), "fence.dump")
+	pgTool(t, ctx, conn, "pg_dump", "-Fc", "-f", dump, "-d", c.URL())
+	granted.add(res, mustRevoke(t, ctx, conn, res)) // lost by the restore
+	granted.add(res, mustRevoke(t, ctx, conn, res)) // lost by the restore
+
+	_, err := conn.Exec(ctx, "CREATE DATABASE fence_restored")
+	require.NoError(t, err)
+	url := pgtest.URLFor(c.URL(), "fence_restored")
+	pgTool(t, ctx, conn, "pg_restore", "--exit-on-error", "-d", url, dump)
+	rc := connect(t, ctx, url, false)
+
+	tok, err := sqlfuncs.Revoke(ctx, rc, res)
+	require.NoError(t, err)
+	t.Logf("%s: tokens on the source %v, first grant on the restored copy %d", res, granted.all(res), tok)
+	requireAbove(t, granted, res, tok, "after a restore into the same cluster")
+}
