@@ -163,3 +163,35 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		require.NoError(t, err)
 	})
 }
+
+// TestEveryFunctionPinsSearchPath reads the catalog: every function of the
+// kit, SECURITY DEFINER or not, runs with search_path pinned to pg_catalog
+// and pg_temp (last), and nothing is executable by PUBLIC.
+func TestEveryFunctionPinsSearchPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rows, err := b.db.Pool.Query(b.ctx, `
+		SELECT p.oid::regprocedure::text
+		  FROM pg_proc p
+		 WHERE p.pronamespace = 'fence'::regnamespace
+		   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)`)
+	require.NoError(t, err)
+	unpinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, unpinned, "functions without a pinned search_path")
+
+	rows, err = b.db.Pool.Query(b.ctx, `
+		SELECT p.oid::regprocedure::text
+		  FROM pg_proc p
+		 WHERE p.pronamespace = 'fence'::regnamespace
+		   AND has_function_privilege('public', p.oid, 'EXECUTE')`)
+	require.NoError(t, err)
+	public, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, public, "functions executable by PUBLIC")
+
+	var definers int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT count(*) FROM pg_proc WHERE pronamespace = 'fence'::regnamespace AND prosecdef`).Scan(&definers))
+	require.Positive(t, definers)
+}
