@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -98,24 +97,14 @@ func TestDumpRestoreIntoFreshCluster(t *testing.T) {
 	})
 }
 
-// envKnownGaps, set to 1, runs the tests of known gaps of the kit, which
-// fail until the kit is fixed.
-const envKnownGaps = "PGFENCE_TEST_KNOWN_GAPS"
-
 // TestDumpRestoreIntoSameCluster restores the dump into another database of
 // the cluster it came from (the same as restoring over the lost database in
-// place): same system identifier, same timeline. The tokens granted after
-// the dump are lost, and nothing in fence.epoch_state tells the restored
-// database so: fence._epoch keeps the base, and the counter starts again
-// from the dumped token, handing out again tokens that the source database
-// had already returned.
-//
-// KNOWN GAP: this fails with the kit of migration 001, so it only runs under
-// PGFENCE_TEST_KNOWN_GAPS=1.
+// place): same system identifier, same timeline. The tokens granted after the
+// dump are lost; fence._epoch must notice the restored copy (the OID of
+// fence.epoch_state changed) and move to a new epoch, instead of handing out
+// again tokens that the source database had already returned. (This test
+// found that gap in the first version of migration 001.)
 func TestDumpRestoreIntoSameCluster(t *testing.T) {
-	if os.Getenv(envKnownGaps) != "1" {
-		t.Skipf("known gap: a restore into the cluster the dump came from reuses tokens; set %s=1 to run", envKnownGaps)
-	}
 	t.Parallel()
 	ctx := testContext(t)
 	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})

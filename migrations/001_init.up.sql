@@ -53,6 +53,7 @@ COMMENT ON TABLE fence.lease IS 'pgfence internal: one row per resource with its
 CREATE TABLE fence.epoch_state (
     one               boolean PRIMARY KEY DEFAULT true CHECK (one),
     system_identifier bigint NOT NULL,
+    relid             oid NOT NULL,  -- the OID of this table: a restored copy has another
     timeline          bigint NOT NULL,
     base              bigint NOT NULL
 );
@@ -85,10 +86,14 @@ $$;
 -- epoch = base + current WAL timeline. Promotion of a standby always moves to
 -- a timeline higher than any it descends from, so tokens granted after a
 -- promotion exceed every token granted before it on the old primary, also the
--- grants the standby never received. A dump and restore into another cluster
--- (another system identifier; the timeline starts again at 1) moves the base
--- past every epoch known so far: the one recorded here and the highest one
--- found in the restored tokens. The base is a pure function of the stored
+-- grants the standby never received. A dump and restore, into another
+-- cluster (another system identifier; the timeline starts again at 1) or
+-- into another database of the same cluster (recognised by the OID of table
+-- fence.epoch_state, which a restore creates anew while physical replication
+-- and pg_upgrade keep it), moves the base past every epoch known so far: the
+-- one recorded here and the highest one found in the restored tokens, so the
+-- grants the source made after the dump stay below. The base is a pure
+-- function of the stored
 -- state, so two servers that diverge from the same state (a primary and its
 -- standby) compute the same base and differ by their timelines.
 CREATE FUNCTION fence._epoch() RETURNS bigint
@@ -97,27 +102,28 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     sysid bigint := (pg_catalog.pg_control_system()).system_identifier;
+    myrel oid := 'fence.epoch_state'::pg_catalog.regclass::oid;
     tli   bigint := fence._timeline();
     s     fence.epoch_state;
     nbase bigint;
 BEGIN
     SELECT * INTO s FROM fence.epoch_state;
-    IF NOT FOUND OR s.system_identifier <> sysid OR s.timeline <> tli THEN
+    IF NOT FOUND OR s.system_identifier <> sysid OR s.relid <> myrel OR s.timeline <> tli THEN
         -- Rare: first grant after a promotion or a restore. Serialize the
         -- update; concurrent grants re-read the row after we commit.
         SELECT * INTO s FROM fence.epoch_state FOR UPDATE;
         IF NOT FOUND THEN
             nbase := coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0);
-            INSERT INTO fence.epoch_state (system_identifier, timeline, base) VALUES (sysid, tli, nbase);
-        ELSIF s.system_identifier = sysid AND s.timeline < tli THEN
+            INSERT INTO fence.epoch_state (system_identifier, relid, timeline, base) VALUES (sysid, myrel, tli, nbase);
+        ELSIF s.system_identifier = sysid AND s.relid = myrel AND s.timeline < tli THEN
             nbase := s.base;  -- promotion: the timeline alone moves the epoch up
             UPDATE fence.epoch_state SET timeline = tli;
-        ELSIF s.system_identifier <> sysid OR s.timeline > tli THEN
-            -- another cluster (restore) or a timeline that went back: move
-            -- past every epoch this data has seen
+        ELSIF s.system_identifier <> sysid OR s.relid <> myrel OR s.timeline > tli THEN
+            -- a restored copy (another cluster or another database) or a
+            -- timeline that went back: move past every epoch this data has seen
             nbase := greatest(s.base + s.timeline,
                               coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0));
-            UPDATE fence.epoch_state SET system_identifier = sysid, timeline = tli, base = nbase;
+            UPDATE fence.epoch_state SET system_identifier = sysid, relid = myrel, timeline = tli, base = nbase;
         ELSE
             nbase := s.base;  -- another grant updated it while we waited
         END IF;
@@ -860,5 +866,5 @@ REVOKE ALL ON SCHEMA fence FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fence FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fence FROM PUBLIC;
 
-INSERT INTO fence.epoch_state (system_identifier, timeline, base)
-VALUES ((pg_catalog.pg_control_system()).system_identifier, fence._timeline(), 0);
+INSERT INTO fence.epoch_state (system_identifier, relid, timeline, base)
+VALUES ((pg_catalog.pg_control_system()).system_identifier, 'fence.epoch_state'::pg_catalog.regclass, fence._timeline(), 0);
