@@ -19,7 +19,8 @@ BEGIN
                   HINT = 'run SELECT fence.unprotect(''TABLE'') for each (as the table''s owner), then migrate down again; '
                          'golang-migrate marks the version dirty after this failure: force it back to 1 first (pgfence migrate force 1)';
     END IF;
+    -- Inside the same block, so that a client that goes on after an error
+    -- (psql without ON_ERROR_STOP) cannot drop the schema after the refusal.
+    DROP SCHEMA fence CASCADE;
 END
 $$;
-
-DROP SCHEMA fence CASCADE;

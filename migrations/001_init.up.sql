@@ -34,7 +34,6 @@ CREATE TABLE fence.lease (
     expires_at    timestamptz,
     ended_at      timestamptz,
     session_pid   integer,
-    session_start timestamptz,
     -- This constraint is what makes fence.check linearizable, not a
     -- nicety: it makes token a key column, so a grant is a key update. A
     -- FOR KEY SHARE lock on a row version whose non-key columns were updated
@@ -44,7 +43,7 @@ CREATE TABLE fence.lease (
     -- update makes the locker wait or re-read the newest version instead.
     CONSTRAINT lease_token_key UNIQUE (resource, token),
     CHECK (kind <> 'ttl' OR expires_at IS NOT NULL),
-    CHECK (kind <> 'session' OR (session_pid IS NOT NULL AND session_start IS NOT NULL)),
+    CHECK (kind <> 'session' OR session_pid IS NOT NULL),
     CHECK (kind <> 'revoked' OR (holder IS NULL AND ended_at IS NOT NULL))
 ) WITH (fillfactor = 80);
 COMMENT ON TABLE fence.lease IS 'pgfence internal: one row per resource with its latest token; read fence.leases instead';
@@ -203,16 +202,21 @@ AS $$
             & 4611686018427387903) | 4611686018427387904
 $$;
 
-CREATE FUNCTION fence._my_backend_start() RETURNS timestamptz
-LANGUAGE sql STABLE
+-- Whether this session holds the advisory lock of key k (pg_locks is readable
+-- by every role, unlike other roles' rows of pg_stat_activity).
+CREATE FUNCTION fence._holds_lease_key(k bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT a.backend_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = pg_catalog.pg_backend_pid()
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks x
+         WHERE x.locktype = 'advisory' AND x.granted AND x.pid = pg_catalog.pg_backend_pid()
+           AND x.objsubid = 1 AND x.classid::bigint = k >> 32 AND x.objid::bigint = k & 4294967295)
 $$;
 
--- Whether the session that took a session lease still holds it. Our own
--- session is recognised by pid and start time (an advisory lock request of
--- our own would succeed re-entrantly and prove nothing). For another session,
+-- Whether the session that took a session lease still holds it. In our own
+-- session (same pid) an advisory lock request would succeed re-entrantly and
+-- prove nothing, so we look for the lock in pg_locks. For another session,
 -- taking its advisory lock at transaction level succeeds exactly when no
 -- session holds it any more; we then keep it until our transaction ends,
 -- which also keeps a racing acquire_session out while we grant.
@@ -222,7 +226,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF l.session_pid = pg_catalog.pg_backend_pid() THEN
-        RETURN l.session_start = fence._my_backend_start();
+        RETURN fence._holds_lease_key(fence._lease_key(l.resource));
     END IF;
     RETURN NOT pg_catalog.pg_try_advisory_xact_lock(fence._lease_key(l.resource));
 END
@@ -286,14 +290,12 @@ DECLARE
     prev_timeout text := pg_catalog.current_setting('lock_timeout');
     grant_wait   text := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
     spid   integer;
-    sstart timestamptz;
     now    timestamptz;
     l      fence.lease;
     t      bigint;
 BEGIN
     IF kind = 'session' THEN
         spid := pg_catalog.pg_backend_pid();
-        sstart := fence._my_backend_start();
     END IF;
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
@@ -304,9 +306,9 @@ BEGIN
         -- The clock is read once per grant, after any wait: it decides
         -- liveness and gives acquired_at and expires_at.
         now := pg_catalog.clock_timestamp();
-        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid, session_start)
+        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid)
         VALUES (resource, first_tok, holder, kind, now, now + ttl,
-                CASE WHEN kind = 'revoked' THEN now END, spid, sstart)
+                CASE WHEN kind = 'revoked' THEN now END, spid)
         ON CONFLICT DO NOTHING  -- every unique index arbitrates: a racing first grant of the same resource
         RETURNING x.token INTO t;
         IF t IS NULL THEN
@@ -333,7 +335,7 @@ BEGIN
     UPDATE fence.lease x
        SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = now + ttl,
            ended_at = CASE WHEN kind = 'revoked' THEN now END,
-           session_pid = spid, session_start = sstart
+           session_pid = spid
      WHERE x.resource = resource;
     RETURN t;
 END
@@ -360,6 +362,7 @@ BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
     PERFORM fence._check_ttl(ttl);
+    ttl := pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', ttl));  -- no day part: DST cannot stretch it
     -- Fast path without a row lock: a live lease answers NULL at once, so
     -- waiters that poll never queue behind the holder's writers or renewals.
     SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
@@ -391,10 +394,16 @@ BEGIN
     IF NOT pg_catalog.pg_try_advisory_lock(k) THEN
         RETURN NULL;
     END IF;
-    SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
-    IF NOT FOUND OR NOT fence._live(l, now) THEN
-        t := fence._grant(resource, holder, 'session', NULL, false);
-    END IF;
+    BEGIN
+        SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
+        IF NOT FOUND OR NOT fence._live(l, now) THEN
+            t := fence._grant(resource, holder, 'session', NULL, false);
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        -- session-level advisory locks survive a rollback: give it back
+        PERFORM pg_catalog.pg_advisory_unlock(k);
+        RAISE;
+    END;
     IF t IS NULL THEN
         PERFORM pg_catalog.pg_advisory_unlock(k);
     END IF;
@@ -416,6 +425,7 @@ BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_token(token);
     PERFORM fence._check_ttl(ttl);
+    ttl := pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', ttl));  -- no day part: DST cannot stretch it
     -- A renewal lost in a crash would let the server grant the lease earlier
     -- than the holder was told; keep it durable like a grant.
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
@@ -426,7 +436,8 @@ BEGIN
        AND x.ended_at IS NULL AND x.expires_at > now
     RETURNING x.expires_at INTO e;
     IF e IS NULL AND EXISTS (SELECT 1 FROM fence.lease x
-                              WHERE x.resource = resource AND x.token = token AND x.kind = 'session') THEN
+                              WHERE x.resource = resource AND x.token = token AND x.kind = 'session'
+                                AND x.ended_at IS NULL) THEN
         RAISE EXCEPTION 'pgfence: lease % of % is a session lease and has no TTL to renew', token, resource
             USING ERRCODE = '22023', HINT = 'a session lease lives until fence.release or the end of its session; do not renew it';
     END IF;
@@ -552,12 +563,19 @@ $$;
 COMMENT ON FUNCTION fence.use_token(text, bigint) IS
     'fence.check, then remembers the token for the rest of the transaction for guarded tables without a token column';
 
--- Row guard for tables with a token column (BEFORE INSERT OR UPDATE, FOR EACH
--- ROW). TG_ARGV: resource, token column. It is named to fire after every
--- other BEFORE ROW trigger of the table (triggers fire in name order), so it
--- checks the row as it will be written.
+-- Row guard for tables with a token column (AFTER INSERT OR UPDATE, FOR EACH
+-- ROW). TG_ARGV: resource, token column. AFTER, so it checks the row as it
+-- was written, whatever BEFORE triggers of the table did to it; an error
+-- still undoes the statement, and the lease row lock it takes lasts until the
+-- transaction ends, which is all the ordering argument needs.
+--
+-- The guards run with the rights of the role that writes (SECURITY INVOKER):
+-- they read the row with to_jsonb, which can call user-defined casts, and
+-- such code must never run with the kit owner's rights. The only privileged
+-- step is fence.check. A role without fence.grant_usage therefore cannot
+-- write to a protected table at all (42501): the guard fails closed.
 CREATE FUNCTION fence._guard_row() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -580,7 +598,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM fence.check(res, tok);
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 
@@ -589,7 +607,7 @@ $$;
 -- every statement on tables without a token column, and for DELETE and
 -- TRUNCATE on tables with one (they carry no row to take a token from).
 CREATE FUNCTION fence._guard_stmt() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -621,7 +639,7 @@ BEGIN
             RETURN NULL;
         END IF;
         IF i = n THEN
-            RETURN pg_catalog.convert_from(pg_catalog.substr(args, 1, p - 1), pg_catalog.pg_client_encoding());
+            RETURN pg_catalog.convert_from(pg_catalog.substr(args, 1, p - 1), pg_catalog.getdatabaseencoding());
         END IF;
         args := pg_catalog.substr(args, p + 1);
         i := i + 1;
@@ -653,7 +671,14 @@ BEGIN
      WHERE r.oid = tbl;
     IF c.relkind IS DISTINCT FROM 'r' THEN
         RAISE EXCEPTION 'pgfence: % is not an ordinary table', tbl
-            USING ERRCODE = '42809', HINT = 'protect a plain table (for a partitioned table, protect each partition)';
+            USING ERRCODE = '42809', HINT = 'protect a plain table; partitioned tables and views cannot be protected';
+    END IF;
+    -- Statement triggers fire only on the table a statement names, so a write
+    -- through an inheritance parent or a partitioned table would skip the
+    -- guards of the child: refuse both sides of inheritance.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = tbl OR i.inhparent = tbl) THEN
+        RAISE EXCEPTION 'pgfence: % is part of an inheritance or partition tree', tbl
+            USING ERRCODE = '42809', HINT = 'writes through a parent table would skip the guard; protect a table that has no parent and no children';
     END IF;
     IF NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') THEN
         RAISE EXCEPTION 'pgfence: only the owner of table % can protect it', tbl
@@ -682,7 +707,7 @@ BEGIN
         EXECUTE format('DROP TRIGGER %I ON %s', tg.tgname, qn);
     END LOOP;
     IF token_column IS NOT NULL THEN
-        EXECUTE format('CREATE TRIGGER zz_fence_guard_row BEFORE INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION fence._guard_row(%L, %L)',
+        EXECUTE format('CREATE TRIGGER zz_fence_guard_row AFTER INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION fence._guard_row(%L, %L)',
                        qn, resource, token_column);
         EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._guard_stmt(%L)',
                        qn, resource);
@@ -814,8 +839,9 @@ COMMENT ON FUNCTION fence.version() IS 'the migration version of the installed p
 -- tokens; with operator, also fence.revoke. Of the internal functions it
 -- grants only what runs with the caller's rights: the guard trigger functions
 -- (CREATE TRIGGER in fence.protect needs EXECUTE on them; they cannot be
--- called directly), fence._check_name (argument checks) and fence._lease_key
--- (a hash, used by the fence.leases view), which have no side effects. Run by the kit's owner (the role
+-- called directly), fence._check_name (argument checks), fence._lease_key (a
+-- hash, used by the fence.leases view) and fence._trigger_arg (used by the
+-- fence.protected view), which have no side effects. Run by the kit's owner (the role
 -- that applied the migrations) or a superuser.
 CREATE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -834,7 +860,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval), fence.acquire_session(text, text),
         fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
         fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
-        fence._guard_row(), fence._guard_stmt(), fence._check_name(text, text), fence._lease_key(text),
+        fence._guard_row(), fence._guard_stmt(), fence._check_name(text, text), fence._lease_key(text), fence._trigger_arg(bytea, integer),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
         fence.try_xact_lock(text), fence.version() TO %I', role);
     IF operator THEN

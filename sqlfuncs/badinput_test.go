@@ -21,6 +21,10 @@ func TestBadInput(t *testing.T) {
 	ctx, db := b.ctx, b.db.Pool
 	b.exec(t, `CREATE TABLE t (id int, tok bigint, small int, label text)`)
 	b.exec(t, `CREATE VIEW v AS SELECT * FROM t`)
+	b.exec(t, `CREATE TABLE parted (id int, tok bigint) PARTITION BY RANGE (id)`)
+	b.exec(t, `CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100)`)
+	b.exec(t, `CREATE TABLE parent (id int, tok bigint)`)
+	b.exec(t, `CREATE TABLE child () INHERITS (parent)`)
 	tok, ok, err := sqlfuncs.Acquire(ctx, db, "r", "h", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -65,6 +69,10 @@ func TestBadInput(t *testing.T) {
 		{"protect: NULL table", `SELECT fence.protect(NULL, 'r')`, nil, "22004"},
 		{"protect: unknown table", `SELECT fence.protect('nope', 'r')`, nil, "42P01"},
 		{"protect: a view", `SELECT fence.protect('v', 'r')`, nil, "42809"},
+		{"protect: a partitioned table", `SELECT fence.protect('parted', 'r', 'tok')`, nil, "42809"},
+		{"protect: a partition (writes through the parent would skip its statement guard)", `SELECT fence.protect('parted_1', 'r')`, nil, "42809"},
+		{"protect: an inheritance parent", `SELECT fence.protect('parent', 'r')`, nil, "42809"},
+		{"protect: an inheritance child", `SELECT fence.protect('child', 'r', 'tok')`, nil, "42809"},
 		{"protect: NULL resource", `SELECT fence.protect('t', NULL)`, nil, "22004"},
 		{"protect: empty resource", `SELECT fence.protect('t', '')`, nil, "22023"},
 		{"protect: unknown column", `SELECT fence.protect('t', 'r', 'nope')`, nil, "42703"},

@@ -112,6 +112,15 @@ func TestStaleWorkerIsFencedOff(t *testing.T) {
 		err = sqlfuncs.Check(ctx, db, "never-granted", 1)
 		require.ErrorIs(t, err, sqlfuncs.ErrUnknownToken)
 	})
+	t.Run("the guard checks the row as written, after every BEFORE trigger", func(t *testing.T) {
+		// A trigger whose name sorts after the guard's changes the token.
+		b.exec(t, `CREATE FUNCTION lower_token() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN NEW.token := NEW.token - 1; RETURN NEW; END $$`)
+		b.exec(t, `CREATE TRIGGER zzzz_lower BEFORE UPDATE ON results FOR EACH ROW EXECUTE FUNCTION lower_token()`)
+		_, err := db.Exec(ctx, `UPDATE results SET worker = 'B' WHERE id = 1 AND token = $1`, t2)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+		b.exec(t, `DROP TRIGGER zzzz_lower ON results`)
+	})
 	t.Run("the holder can still write, delete and truncate", func(t *testing.T) {
 		require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			require.NoError(t, sqlfuncs.UseToken(ctx, tx, "job", t2))

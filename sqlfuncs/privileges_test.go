@@ -6,28 +6,63 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
+// installAsOrdinaryOwner installs the kit the way the README says a
+// production database gets it: applied by a role that has CREATE on the
+// database and nothing more (no superuser, no pg_read_all_stats). It returns
+// a pool connected as that owner.
+func installAsOrdinaryOwner(t *testing.T, db *pgtest.DB) *pgxpool.Pool {
+	t.Helper()
+	ctx := t.Context()
+	owner := pgtest.NewRole(t, "owner")
+	for _, sql := range []string{
+		`GRANT CREATE ON DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` TO ` + pgx.Identifier{owner}.Sanitize(),
+		`GRANT CREATE ON SCHEMA public TO ` + pgx.Identifier{owner}.Sanitize(),
+	} {
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	up, err := migrations.FS.ReadFile("001_init.up.sql")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, db.URLAs(owner))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, string(up)) // one simple query, one transaction, like golang-migrate
+	require.NoError(t, err)
+	return pool
+}
+
 // TestApplicationRolePrivileges connects as a role that was given only
-// fence.grant_usage (plus ordinary table privileges) and tries to forge,
-// reset and bypass. Each attempt must fail with the expected SQLSTATE.
+// fence.grant_usage (plus ordinary table privileges) on a kit owned by an
+// ordinary role, and tries to forge, reset and bypass. Each attempt must fail
+// with the expected SQLSTATE.
 func TestApplicationRolePrivileges(t *testing.T) {
 	t.Parallel()
 	app := pgtest.NewRole(t, "app")
-	b := setup(t)
-	ctx, owner := b.ctx, b.db.Pool
+	db := pgtest.Empty(t)
+	owner := installAsOrdinaryOwner(t, db)
+	ctx := t.Context()
+	ownerExec := func(sql string) {
+		t.Helper()
+		_, err := owner.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
 
-	b.exec(t, `CREATE TABLE orders (id int PRIMARY KEY, note text, token bigint)`)
+	ownerExec(`CREATE TABLE orders (id int PRIMARY KEY, note text, token bigint)`)
 	require.NoError(t, sqlfuncs.Protect(ctx, owner, "orders", "orders", "token"))
-	b.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON orders TO `+pgx.Identifier{app}.Sanitize())
-	b.exec(t, `GRANT CREATE ON SCHEMA public TO `+pgx.Identifier{app}.Sanitize())
+	ownerExec(`GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON orders TO ` + pgx.Identifier{app}.Sanitize())
+	_, err := db.Pool.Exec(ctx, `GRANT CREATE ON SCHEMA public TO `+pgx.Identifier{app}.Sanitize())
+	require.NoError(t, err)
 	require.NoError(t, sqlfuncs.GrantUsage(ctx, owner, app, false))
 
-	conn, err := pgx.Connect(ctx, b.db.URLAs(app))
+	conn, err := pgx.Connect(ctx, db.URLAs(app))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(ctx) })
 
@@ -51,8 +86,18 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		st, ok, err := sqlfuncs.AcquireSession(ctx, conn, "app-session", "app")
 		require.NoError(t, err)
 		require.True(t, ok)
-		_, err = sqlfuncs.Release(ctx, conn, "app-session", st)
+		_, ok, err = sqlfuncs.AcquireSession(ctx, conn, "app-session", "app")
 		require.NoError(t, err)
+		require.False(t, ok, "its own session lease is seen as live")
+		var live bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = 'app-session'`).Scan(&live))
+		require.True(t, live)
+		released, err = sqlfuncs.Release(ctx, conn, "app-session", st)
+		require.NoError(t, err)
+		require.True(t, released)
+		var protected string
+		require.NoError(t, conn.QueryRow(ctx, `SELECT resource FROM fence.protected WHERE tbl = 'orders'::regclass`).Scan(&protected))
+		require.Equal(t, "orders", protected)
 		_, err = sqlfuncs.TryLock(ctx, conn, "x")
 		require.NoError(t, err)
 		var n int
@@ -139,6 +184,31 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		requireCode(t, err, "22001") // char_length was not replaced either
 	})
 
+	t.Run("code of its own run by a guard does not get the owner's rights", func(t *testing.T) {
+		// to_jsonb(NEW) in the row guard calls a user-defined cast to json:
+		// that code must run as the writer, not as the kit owner.
+		for _, ddl := range []string{
+			`CREATE TYPE public.mood AS ENUM ('calm')`,
+			`CREATE FUNCTION public.mood_json(public.mood) RETURNS json LANGUAGE plpgsql AS $$
+			 BEGIN
+			     INSERT INTO fence.lease (resource, token, kind, acquired_at, expires_at)
+			     VALUES ('forged', 9000000000000000000, 'ttl', now(), now() + interval '1 hour');
+			     RETURN '"calm"'::json;
+			 END $$`,
+			`CREATE CAST (public.mood AS json) WITH FUNCTION public.mood_json(public.mood)`,
+			`CREATE TABLE public.moods (m public.mood, token bigint)`,
+		} {
+			_, err := conn.Exec(ctx, ddl)
+			require.NoError(t, err, ddl)
+		}
+		require.NoError(t, sqlfuncs.Protect(ctx, conn, "public.moods", "orders", "token"))
+		_, err := conn.Exec(ctx, `INSERT INTO public.moods VALUES ('calm', $1)`, tok)
+		requireCode(t, err, "42501") // the cast ran as app, which may not write fence.lease
+		var forged int
+		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM fence.lease WHERE resource = 'forged'`).Scan(&forged))
+		require.Zero(t, forged)
+	})
+
 	t.Run("the kit has no sequence to setval", func(t *testing.T) {
 		var n int
 		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relkind = 'S' AND relnamespace = 'fence'::regnamespace`).Scan(&n))
@@ -147,7 +217,7 @@ func TestApplicationRolePrivileges(t *testing.T) {
 
 	t.Run("revoke_usage takes it all back", func(t *testing.T) {
 		require.NoError(t, sqlfuncs.RevokeUsage(ctx, owner, app))
-		fresh, err := pgx.Connect(ctx, b.db.URLAs(app))
+		fresh, err := pgx.Connect(ctx, db.URLAs(app))
 		require.NoError(t, err)
 		defer fresh.Close(ctx)
 		_, _, err = sqlfuncs.Acquire(ctx, fresh, "orders", "app", time.Minute)
@@ -156,7 +226,7 @@ func TestApplicationRolePrivileges(t *testing.T) {
 
 	t.Run("operator usage adds revoke", func(t *testing.T) {
 		require.NoError(t, sqlfuncs.GrantUsage(ctx, owner, app, true))
-		fresh, err := pgx.Connect(ctx, b.db.URLAs(app))
+		fresh, err := pgx.Connect(ctx, db.URLAs(app))
 		require.NoError(t, err)
 		defer fresh.Close(ctx)
 		_, err = sqlfuncs.Revoke(ctx, fresh, "orders")

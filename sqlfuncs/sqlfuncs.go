@@ -176,3 +176,16 @@ func GrantUsage(ctx context.Context, db DB, role string, operator bool) error {
 func RevokeUsage(ctx context.Context, db DB, role string) error {
 	return exec(ctx, db, `SELECT fence.revoke_usage($1)`, role)
 }
+
+// timeOrInf scans a timestamptz that may be -infinity (NULL mapped by
+// coalesce) into the zero time.
+type timeOrInf struct{ t time.Time }
+
+func (v *timeOrInf) ScanTimestamptz(ts pgtype.Timestamptz) error {
+	if ts.Valid && ts.InfinityModifier == pgtype.Finite {
+		v.t = ts.Time
+	} else {
+		v.t = time.Time{}
+	}
+	return nil
+}

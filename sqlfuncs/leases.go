@@ -1,0 +1,123 @@
+package sqlfuncs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LeaseRow is one row of the view fence.leases.
+type LeaseRow struct {
+	// Resource is the resource name.
+	Resource string
+	// Holder is who holds (or last held) the lease; empty after fence.revoke.
+	Holder string
+	// Token is the latest token granted for the resource.
+	Token int64
+	// Kind is "ttl", "session" or "revoked".
+	Kind string
+	// AcquiredAt is when the latest token was granted (server clock).
+	AcquiredAt time.Time
+	// ExpiresAt is when a TTL lease expires (server clock); zero for other kinds.
+	ExpiresAt time.Time
+	// EndedAt is when the lease was released or revoked; zero while not ended.
+	EndedAt time.Time
+	// Live reports whether the lease is live now by the server's clock.
+	Live bool
+	// SessionPID is the backend pid of a session lease; zero for other kinds.
+	SessionPID int32
+	// Now is the server's clock_timestamp() when the row was read, so callers
+	// can say "expires in" by the server's clock.
+	Now time.Time
+}
+
+const leaseColumns = `resource, coalesce(holder, ''), token, kind, acquired_at,
+	coalesce(expires_at, '-infinity'), coalesce(ended_at, '-infinity'), live, coalesce(session_pid, 0), clock_timestamp()`
+
+func scanLease(row pgx.Row) (LeaseRow, error) {
+	var l LeaseRow
+	var exp, ended timeOrInf
+	err := row.Scan(&l.Resource, &l.Holder, &l.Token, &l.Kind, &l.AcquiredAt, &exp, &ended, &l.Live, &l.SessionPID, &l.Now)
+	l.ExpiresAt, l.EndedAt = exp.t, ended.t
+	return l, err
+}
+
+// GetLease reads the row of resource from fence.leases; ok is false when the
+// resource has never been granted.
+func GetLease(ctx context.Context, db DB, resource string) (l LeaseRow, ok bool, err error) {
+	l, err = scanLease(db.QueryRow(ctx, `SELECT `+leaseColumns+` FROM fence.leases WHERE resource = $1`, resource))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return LeaseRow{}, false, nil
+	}
+	return l, err == nil, Translate(err)
+}
+
+// Querier is a DB that can also run multi-row queries.
+type Querier interface {
+	DB
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// ListLeases reads every row of fence.leases, ordered by resource.
+func ListLeases(ctx context.Context, db Querier) ([]LeaseRow, error) {
+	rows, err := db.Query(ctx, `SELECT `+leaseColumns+` FROM fence.leases ORDER BY resource`)
+	if err != nil {
+		return nil, Translate(err)
+	}
+	defer rows.Close()
+	var out []LeaseRow
+	for rows.Next() {
+		l, err := scanLease(rows)
+		if err != nil {
+			return nil, Translate(err)
+		}
+		out = append(out, l)
+	}
+	return out, Translate(rows.Err())
+}
+
+// BeginWithToken begins a transaction on conn and registers token with
+// fence.use_token in the same round trip (both statements go in one simple
+// query), so statements on guarded tables are accepted from the first one
+// on. It fails like UseToken (ErrStaleToken, ...) and then leaves conn
+// outside any transaction.
+func BeginWithToken(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, resource string, token int64) (pgx.Tx, error) {
+	begin := "BEGIN"
+	if opts.IsoLevel != "" {
+		begin += " ISOLATION LEVEL " + string(opts.IsoLevel)
+	}
+	if opts.AccessMode != "" {
+		begin += " " + string(opts.AccessMode)
+	}
+	if opts.DeferrableMode != "" {
+		begin += " " + string(opts.DeferrableMode)
+	}
+	opts.BeginQuery = begin + "; SELECT fence.use_token(" + quoteLiteral(resource) + ", " + strconv.FormatInt(token, 10) + ")"
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			// BEGIN ran and use_token failed: leave the aborted transaction.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
+				return nil, fmt.Errorf("%w (and rolling back: %v)", Translate(err), rerr)
+			}
+		}
+		return nil, Translate(err)
+	}
+	return tx, nil
+}
+
+// quoteLiteral quotes s as an E'' string literal, correct whatever
+// standard_conforming_strings says. Resource names cannot hold NUL bytes
+// (PostgreSQL text cannot), so doubling quotes and backslashes is enough.
+func quoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, `\`, `\\`)
+	s = strings.ReplaceAll(s, `'`, `''`)
+	return `E'` + s + `'`
+}
