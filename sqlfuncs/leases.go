@@ -113,7 +113,7 @@ func BeginWithToken(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, res
 	return tx, nil
 }
 
-// quoteLiteral quotes s as an E'' string literal, correct whatever
+// quoteLiteral quotes s as an E” string literal, correct whatever
 // standard_conforming_strings says. Resource names cannot hold NUL bytes
 // (PostgreSQL text cannot), so doubling quotes and backslashes is enough.
 func quoteLiteral(s string) string {
