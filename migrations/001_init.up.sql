@@ -399,7 +399,7 @@ BEGIN
         IF NOT FOUND OR NOT fence._live(l, now) THEN
             t := fence._grant(resource, holder, 'session', NULL, false);
         END IF;
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN query_canceled OR others THEN  -- OTHERS alone does not catch a cancel or statement_timeout
         -- session-level advisory locks survive a rollback: give it back
         PERFORM pg_catalog.pg_advisory_unlock(k);
         RAISE;

@@ -121,3 +121,14 @@ func quoteLiteral(s string) string {
 	s = strings.ReplaceAll(s, `'`, `''`)
 	return `E'` + s + `'`
 }
+
+// ReleaseChannel is the NOTIFY channel on which fence.release and fence.revoke
+// announce a free resource (the payload is the resource name).
+const ReleaseChannel = "fence_release"
+
+// Listen subscribes conn to ReleaseChannel. Notifications then arrive through
+// conn.WaitForNotification.
+func Listen(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, "LISTEN "+ReleaseChannel)
+	return Translate(err)
+}

@@ -1,0 +1,129 @@
+package gofence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// DoOptions tunes Do. The zero value (or nil) waits for the lease.
+type DoOptions struct {
+	// NoWait makes Do try once (Acquire) instead of waiting (Lock); a held
+	// resource then gives an error matching ErrHeld.
+	NoWait bool
+}
+
+// Do takes a lease on resource (waiting for it unless opts.NoWait), runs fn
+// with a context that is cancelled when the lease is lost or ctx is done,
+// and releases the lease when fn returns. Inside fn, write through
+// lease.Tx so that the database refuses the writes if the lease was lost.
+//
+// Do returns fn's error. When the lease was lost while fn ran, the error
+// also matches ErrLost.
+func (c *Client) Do(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, lease *Lease) error) error {
+	var (
+		l   *Lease
+		err error
+	)
+	if opts != nil && opts.NoWait {
+		l, err = c.Acquire(ctx, resource)
+	} else {
+		l, err = c.Lock(ctx, resource)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = l.run(ctx, fn)
+	return err
+}
+
+// run runs fn under the lease and releases it afterwards. It returns the
+// loss that happened while fn ran (nil if none) and fn's error, joined to
+// that loss.
+func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error) (lost, err error) {
+	fctx, stop := l.merge(ctx)
+	ferr := fn(fctx, l)
+	stop()
+	lost = l.Err() // before Release turns it into ErrReleased
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.TTL)
+	defer cancel()
+	if rerr := l.Release(rctx); rerr != nil {
+		l.c.log.Warn("pgfence: release failed", "resource", l.resource, "error", rerr.Error())
+	}
+	if ferr != nil && lost != nil && !errors.Is(ferr, lost) {
+		return lost, fmt.Errorf("%w (%w)", ferr, lost)
+	}
+	return lost, ferr
+}
+
+// ElectOptions tunes Elect. The zero value (or nil) is fine.
+type ElectOptions struct {
+	// Backoff is the pause after an error before campaigning again.
+	// Default: the client's PollInterval.
+	Backoff time.Duration
+}
+
+// Elect campaigns for leadership of name and runs fn while this process
+// leads, with a context cancelled when leadership is lost. When fn returns
+// after a loss, Elect campaigns again; when ctx is done it steps down,
+// releasing the lease so the next leader is elected at once (not after a
+// TTL), and returns ctx's error; when fn returns on its own (nil or an
+// error), Elect steps down and returns fn's result. The lease's token is the
+// leader's term: terms strictly increase.
+func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn func(ctx context.Context, lease *Lease) error) error {
+	backoff := c.cfg.PollInterval
+	if opts != nil && opts.Backoff > 0 {
+		backoff = opts.Backoff
+	}
+	for {
+		l, err := c.Lock(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			c.log.Warn("pgfence: campaign failed, trying again", "name", name, "error", err.Error())
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(backoff):
+			}
+			continue
+		}
+		c.log.Info("pgfence: elected", "name", name, "term", l.Token(), "holder", c.cfg.Holder)
+		lost, err := l.run(ctx, fn)
+		switch {
+		case ctx.Err() != nil:
+			return context.Cause(ctx)
+		case lost != nil:
+			c.log.Warn("pgfence: leadership lost, campaigning again", "name", name, "term", l.Token())
+			continue
+		default:
+			return err
+		}
+	}
+}
+
+// LeaderInfo describes who holds a lease, as fence.leases shows it.
+type LeaderInfo struct {
+	// Holder is the leader's name; empty when nobody leads.
+	Holder string
+	// Token is the leader's term (its lease token).
+	Token int64
+	// ExpiresAt is the lease's expiry by the server's clock.
+	ExpiresAt time.Time
+	// Live reports whether the lease is live now by the server's clock.
+	Live bool
+}
+
+// Leader tells who leads name now, for observers that do not campaign.
+// Live is false (and Holder empty) when nobody leads.
+func (c *Client) Leader(ctx context.Context, name string) (LeaderInfo, error) {
+	row, ok, err := sqlfuncs.GetLease(ctx, c.pool, name)
+	if err != nil || !ok || !row.Live {
+		return LeaderInfo{}, err
+	}
+	return LeaderInfo{Holder: row.Holder, Token: row.Token, ExpiresAt: row.ExpiresAt, Live: true}, nil
+}

@@ -1,0 +1,104 @@
+package gofence
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// Errors, usable with errors.Is. The fencing outcomes are those of package
+// sqlfuncs, so an error from either package matches the same sentinel, and
+// the *pgconn.PgError stays reachable with errors.As.
+var (
+	// ErrStaleToken: a write carried a token older than the resource's latest
+	// grant (SQLSTATE FN001). The holder lost its lease; it must stop.
+	ErrStaleToken = sqlfuncs.ErrStaleToken
+	// ErrNoToken: a write to a protected table carried no token (FN002).
+	ErrNoToken = sqlfuncs.ErrNoToken
+	// ErrUnknownToken: a token never granted for the resource (FN003).
+	ErrUnknownToken = sqlfuncs.ErrUnknownToken
+	// ErrBusy: a revoke gave up waiting for an open guarded transaction (FN004).
+	ErrBusy = sqlfuncs.ErrBusy
+	// ErrNotInstalled: schema fence is missing or older than this package
+	// needs. Run `pgfence migrate up` (or gofence.Migrate).
+	ErrNotInstalled = sqlfuncs.ErrNotInstalled
+
+	// ErrHeld: another live lease holds the resource. The error is a
+	// *HeldError that says who and until when.
+	ErrHeld = errors.New("pgfence: resource is held by another lease")
+	// ErrLost: the lease ended without Release: it was superseded, revoked,
+	// or could not be renewed before its local trust deadline.
+	ErrLost = errors.New("pgfence: lease lost")
+	// ErrReleased: the lease was released by its holder.
+	ErrReleased = errors.New("pgfence: lease released")
+)
+
+// HeldError is returned by Acquire when a live lease holds the resource.
+type HeldError struct {
+	// Resource is the resource asked for.
+	Resource string
+	// Holder is the current holder, as it named itself.
+	Holder string
+	// Token is the current holder's token.
+	Token int64
+	// Kind is "ttl" or "session".
+	Kind string
+	// ExpiresAt is when a TTL lease expires by the server's clock (zero for
+	// session leases, which last as long as their session).
+	ExpiresAt time.Time
+	// ServerNow is the server's clock when this was read, so that
+	// ExpiresAt.Sub(ServerNow) is the time left by the server's clock.
+	ServerNow time.Time
+}
+
+func (e *HeldError) Error() string {
+	switch {
+	case e.Holder == "":
+		return fmt.Sprintf("pgfence: %s is busy: a transaction under the previous token is still open; try again or use Lock to wait", e.Resource)
+	case e.ExpiresAt.IsZero():
+		return fmt.Sprintf("pgfence: %s is held by %s (session lease, token %d); use Lock to wait for it", e.Resource, e.Holder, e.Token)
+	default:
+		return fmt.Sprintf("pgfence: %s is held by %s (token %d) for another %s by the server's clock; use Lock to wait for it",
+			e.Resource, e.Holder, e.Token, e.ExpiresAt.Sub(e.ServerNow).Round(time.Millisecond))
+	}
+}
+
+// Unwrap makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Unwrap() error { return ErrHeld }
+
+// transient reports whether an error is worth retrying for an idempotent
+// call (renew, release): anything that is not an answer from PostgreSQL
+// (a broken or refused connection, a timeout), and the PostgreSQL errors of
+// a server in trouble (connection, resources, shutdown, serialization,
+// deadlock, lock timeout). Fencing outcomes, bad input and missing
+// privileges are answers, and final.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57", "40": // connection, resources, operator intervention, rollback
+			return true
+		}
+		return pgErr.Code == "55P03" // lock_not_available
+	}
+	return true
+}
+
+// LockKey is fence.lock_key computed in Go: the first 8 bytes of
+// sha256(name as UTF-8), big-endian, with the top bit set. It is always
+// negative, so it never collides with golang-migrate's migration lock keys
+// ([0, 2^32)) or with session-lease keys ([2^62, 2^63)).
+func LockKey(name string) int64 {
+	sum := sha256.Sum256([]byte(name))
+	return int64(binary.BigEndian.Uint64(sum[:8]) | 1<<63)
+}

@@ -1,0 +1,347 @@
+package gofence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// Lease is a granted lease with its fencing token. It renews itself in the
+// background until Release, and signals loss through Done and Context no
+// later than its local trust deadline. Its methods are safe for concurrent
+// use.
+type Lease struct {
+	c        *Client
+	resource string
+	token    int64
+	session  *pgx.Conn // the dedicated connection of a session lease; nil for TTL leases
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu        sync.Mutex
+	deadline  time.Time   // local trust deadline (monotonic clock reading inside)
+	expiresAt time.Time   // the server's expiry, as last reported
+	lossTimer *time.Timer // fires loss at the trust deadline
+	stopping  bool        // Release was called: keepalive stopped
+	released  bool        // the server confirmed the release (or the session is gone)
+
+	stopKeepalive chan struct{}
+	keepaliveDone chan struct{}
+}
+
+// Acquire tries once to take a TTL lease on resource. When another live lease
+// holds it, the error is a *HeldError (errors.Is(err, ErrHeld)) that names
+// the holder and its expiry.
+func (c *Client) Acquire(ctx context.Context, resource string) (*Lease, error) {
+	if err := c.ensureInstalled(ctx); err != nil {
+		return nil, err
+	}
+	// The trust deadline counts from the moment the request is sent: the
+	// server reads its clock later than that, so its expiry is later too.
+	sentAt := time.Now()
+	tok, ok, err := sqlfuncs.Acquire(ctx, c.pool, resource, c.cfg.Holder, c.cfg.TTL)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
+	}
+	if !ok {
+		return nil, c.heldError(ctx, resource)
+	}
+	l := c.newLease(resource, tok, nil)
+	l.deadline = sentAt.Add(c.cfg.TTL - c.cfg.SafetyMargin)
+	l.lossTimer = time.AfterFunc(time.Until(l.deadline), l.trustDeadlinePassed)
+	go l.keepalive(sentAt)
+	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", tok, "holder", c.cfg.Holder)
+	return l, nil
+}
+
+// AcquireSession tries once to take a session lease on resource: a lease
+// bound to a dedicated connection taken out of the pool, with no TTL. It
+// lives until Release or until that connection breaks; the lease then
+// reports itself lost. Because the server ends the lease the moment the
+// session ends (pg_terminate_backend, for example), a session lease can be
+// granted to someone else shortly before this process notices (within
+// RenewInterval, when the connection is checked): the fencing token still
+// protects every guarded write.
+func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, error) {
+	if err := c.ensureInstalled(ctx); err != nil {
+		return nil, err
+	}
+	pc, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
+	}
+	conn := pc.Hijack() // the pool forgets it: the lease owns this session now
+	tok, ok, err := sqlfuncs.AcquireSession(ctx, conn, resource, c.cfg.Holder)
+	if err != nil || !ok {
+		closeConn(conn)
+		if err != nil {
+			return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
+		}
+		return nil, c.heldError(ctx, resource)
+	}
+	l := c.newLease(resource, tok, conn)
+	go l.keepalive(time.Now())
+	return l, nil
+}
+
+func (c *Client) newLease(resource string, token int64, session *pgx.Conn) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Lease{
+		c: c, resource: resource, token: token, session: session,
+		ctx: ctx, cancel: cancel,
+		stopKeepalive: make(chan struct{}),
+		keepaliveDone: make(chan struct{}),
+	}
+}
+
+// heldError reads who holds resource. When the row says nobody holds it live,
+// the grant gave up waiting for an open guarded transaction of the previous
+// holder (fence.grant_wait): the resource is busy.
+func (c *Client) heldError(ctx context.Context, resource string) error {
+	row, ok, err := sqlfuncs.GetLease(ctx, c.pool, resource)
+	if err != nil {
+		return fmt.Errorf("pgfence: %s is held, and reading its holder failed: %w", resource, err)
+	}
+	he := &HeldError{Resource: resource}
+	if ok && row.Live {
+		he.Holder, he.Token, he.Kind, he.ExpiresAt, he.ServerNow = row.Holder, row.Token, row.Kind, row.ExpiresAt, row.Now
+	}
+	return he
+}
+
+// Token is the fencing token of the lease: pass it with every write to a
+// protected resource.
+func (l *Lease) Token() int64 { return l.token }
+
+// Resource is the resource the lease is on.
+func (l *Lease) Resource() string { return l.resource }
+
+// Holder is the name the lease is held under.
+func (l *Lease) Holder() string { return l.c.cfg.Holder }
+
+// Context is cancelled when the lease is lost or released; context.Cause
+// tells which (ErrLost or ErrReleased, wrapped with the reason).
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done is closed when the lease is lost or released.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err is nil while the lease is held, then the reason it ended: an error
+// matching ErrLost or ErrReleased.
+func (l *Lease) Err() error {
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
+}
+
+// TrustDeadline is the local monotonic time until which this process may
+// trust that it holds the lease, if no renewal succeeds before then. Zero for
+// session leases.
+func (l *Lease) TrustDeadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// ExpiresAt is the lease's expiry by the server's clock, as last reported by
+// the server (zero for session leases).
+func (l *Lease) ExpiresAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expiresAt
+}
+
+// lose ends the lease with a cause matching ErrLost (unless it already ended).
+func (l *Lease) lose(reason string, err error) {
+	if l.ctx.Err() != nil {
+		return
+	}
+	cause := fmt.Errorf("%w: %s: %s", ErrLost, l.resource, reason)
+	if err != nil {
+		cause = fmt.Errorf("%w: %s: %s: %w", ErrLost, l.resource, reason, err)
+	}
+	l.cancel(cause)
+	l.c.log.Warn("pgfence: lease lost", "resource", l.resource, "token", l.token, "reason", cause.Error())
+}
+
+func (l *Lease) trustDeadlinePassed() {
+	l.lose("no renewal succeeded before the local trust deadline (acquire or last renew sent + TTL - SafetyMargin)", nil)
+}
+
+// keepalive renews a TTL lease every RenewInterval, counted from the last
+// renewal sent, or checks the connection of a session lease.
+func (l *Lease) keepalive(lastSent time.Time) {
+	defer close(l.keepaliveDone)
+	timer := time.NewTimer(time.Until(lastSent.Add(l.c.cfg.RenewInterval)))
+	defer timer.Stop()
+	for {
+		select {
+		case <-l.stopKeepalive:
+			return
+		case <-l.ctx.Done():
+			return
+		case <-timer.C:
+		}
+		if l.session != nil {
+			l.checkSession()
+			timer.Reset(l.c.cfg.RenewInterval)
+			continue
+		}
+		sent, err := l.renewUntilDeadline()
+		if err != nil {
+			return // lost
+		}
+		timer.Reset(time.Until(sent.Add(l.c.cfg.RenewInterval)))
+	}
+}
+
+// renewUntilDeadline renews, retrying transient errors until the trust
+// deadline; it returns when the time the successful renewal was sent.
+func (l *Lease) renewUntilDeadline() (time.Time, error) {
+	for {
+		sent, err := l.renewOnce(l.ctx)
+		if err == nil {
+			return sent, nil
+		}
+		if l.ctx.Err() != nil || !transient(err) {
+			if l.ctx.Err() == nil {
+				l.lose("renewal failed", err)
+			}
+			return time.Time{}, l.Err()
+		}
+		l.c.log.Info("pgfence: renewal failed, retrying", "resource", l.resource, "error", err.Error())
+		select {
+		case <-l.stopKeepalive:
+			return time.Time{}, ErrReleased
+		case <-l.ctx.Done():
+			return time.Time{}, l.Err()
+		case <-time.After(l.c.cfg.RetryInterval):
+		}
+	}
+}
+
+// renewOnce sends one renewal, never waiting past the trust deadline, and
+// moves the deadline when it succeeds. A NULL answer (the server no longer
+// has this lease live) loses the lease at once.
+func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
+	l.mu.Lock()
+	deadline := l.deadline
+	l.mu.Unlock()
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	sent := time.Now()
+	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.c.cfg.TTL)
+	if err != nil {
+		return sent, err
+	}
+	if !ok {
+		l.lose("the server no longer has this lease live (it expired, was released, revoked or superseded)", nil)
+		return sent, l.Err()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx.Err() != nil {
+		return sent, l.Err() // the deadline passed while we waited: loss is final
+	}
+	l.expiresAt = exp
+	if d := sent.Add(l.c.cfg.TTL - l.c.cfg.SafetyMargin); d.After(l.deadline) {
+		l.deadline = d
+		l.lossTimer.Reset(time.Until(d))
+	}
+	return sent, nil
+}
+
+// checkSession pings the dedicated connection of a session lease; a broken
+// connection means the server has ended (or will end) the lease.
+func (l *Lease) checkSession() {
+	ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.RenewInterval)
+	defer cancel()
+	if err := l.session.Ping(ctx); err != nil && l.ctx.Err() == nil {
+		l.lose("the session holding the lease failed", err)
+		closeConn(l.session)
+	}
+}
+
+// Renew renews the lease now, in addition to the background renewals. It
+// returns an error matching ErrLost once the lease is lost, and ErrReleased
+// after Release.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if l.session != nil {
+		return nil // a session lease has nothing to renew
+	}
+	_, err := l.renewOnce(ctx)
+	if err != nil && l.Err() != nil {
+		return l.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("pgfence: renewing %s: %w", l.resource, err)
+	}
+	return nil
+}
+
+// Release ends the lease and stops its keepalive. It is idempotent: a second
+// call, or a call after the lease was lost, returns nil. Transient errors are
+// retried until ctx is done, and a retry after a lost reply never touches a
+// newer lease (fence.release only ends the lease that carries this token).
+// When the release cannot reach the server, the lease still ends on the
+// server at its expiry.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock() // one Release at a time; a second call retries a failed first one
+	if l.released {
+		return nil
+	}
+	if !l.stopping {
+		l.stopping = true
+		if l.lossTimer != nil {
+			l.lossTimer.Stop()
+		}
+		close(l.stopKeepalive)
+	}
+	l.mu.Unlock()
+	<-l.keepaliveDone // it may need l.mu to finish a renewal
+	l.mu.Lock()
+	l.cancel(fmt.Errorf("%w: %s", ErrReleased, l.resource))
+
+	var db sqlfuncs.DB = l.c.pool
+	if l.session != nil {
+		db = l.session
+	}
+	for {
+		_, err := sqlfuncs.Release(ctx, db, l.resource, l.token)
+		if err == nil || (l.session != nil && l.session.IsClosed()) {
+			// Released, or the session (and with it the lease) is gone. A
+			// false answer means the lease had already ended: also done.
+			l.released = true
+			if l.session != nil {
+				closeConn(l.session)
+			}
+			return nil
+		}
+		if !transient(err) || ctx.Err() != nil {
+			return fmt.Errorf("pgfence: releasing %s (it ends on its own at expiry): %w", l.resource, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgfence: releasing %s (it ends on its own at expiry): %w", l.resource, errors.Join(err, ctx.Err()))
+		case <-time.After(l.c.cfg.RetryInterval):
+		}
+	}
+}
+
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}

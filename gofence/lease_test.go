@@ -1,0 +1,376 @@
+package gofence_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// bundle is a migrated database with a protected table "work" (token column
+// "token", resource "job") and a pool on it.
+type bundle struct {
+	ctx context.Context
+	db  *pgtest.DB
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	b := &bundle{ctx: t.Context(), db: pgtest.Setup(t)}
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE work (id serial PRIMARY KEY, who text NOT NULL, token bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "work", "job", "token"))
+	return b
+}
+
+func (b *bundle) client(t *testing.T, pool *pgxpool.Pool, cfg gofence.Config) *gofence.Client {
+	t.Helper()
+	if pool == nil {
+		pool = b.db.Pool
+	}
+	cfg.Logger = quiet
+	c, err := gofence.New(pool, &cfg)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
+
+func (b *bundle) pool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(b.ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// serverLive reads, by the server's clock, whether the lease on resource is live.
+func (b *bundle) serverLive(t *testing.T, resource string) bool {
+	t.Helper()
+	row, ok, err := sqlfuncs.GetLease(b.ctx, b.db.Pool, resource)
+	require.NoError(t, err)
+	return ok && row.Live
+}
+
+// write inserts a row under the lease's token in a fenced transaction.
+func write(ctx context.Context, l *gofence.Lease, pool *pgxpool.Pool, who string) error {
+	return l.Tx(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO work (who, token) VALUES ($1, $2)`, who, l.Token())
+		return err
+	})
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	b := &bundle{ctx: t.Context()}
+	pool, err := pgxpool.New(b.ctx, "postgres://127.0.0.1:1/x") // never connects in New
+	require.NoError(t, err)
+	defer pool.Close()
+
+	c, err := gofence.New(pool, nil)
+	require.NoError(t, err)
+	cfg := c.Config()
+	require.Equal(t, 30*time.Second, cfg.TTL)
+	require.Equal(t, 10*time.Second, cfg.RenewInterval)
+	require.Equal(t, 3*time.Second, cfg.SafetyMargin)
+	require.Equal(t, time.Second, cfg.RetryInterval)
+	require.Equal(t, time.Second, cfg.PollInterval)
+	require.Regexp(t, `^.+/\d+/[0-9a-f]{8}$`, c.Holder())
+	other, err := gofence.New(pool, nil)
+	require.NoError(t, err)
+	require.NotEqual(t, c.Holder(), other.Holder(), "holders are unique per client")
+
+	for name, bad := range map[string]gofence.Config{
+		"ttl too short":            {TTL: time.Millisecond},
+		"ttl too long":             {TTL: 25 * time.Hour},
+		"margin over half the ttl": {TTL: time.Second, SafetyMargin: 600 * time.Millisecond},
+		"renew after the deadline": {TTL: time.Second, RenewInterval: 950 * time.Millisecond},
+		"holder too long":          {Holder: string(make([]byte, 256))},
+	} {
+		_, err := gofence.New(pool, &bad)
+		require.Error(t, err, name)
+	}
+	_, err = gofence.New(nil, nil)
+	require.Error(t, err)
+}
+
+func TestNotInstalled(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Empty(t)
+	c, err := gofence.New(db.Pool, &gofence.Config{Logger: quiet})
+	require.NoError(t, err)
+	_, err = c.Acquire(t.Context(), "x")
+	require.ErrorIs(t, err, gofence.ErrNotInstalled)
+	require.ErrorContains(t, err, "pgfence migrate up")
+}
+
+func TestKeepaliveHoldsTheLeasePastItsTTL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: 300 * time.Millisecond})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	first := l.ExpiresAt()
+
+	// Five TTLs later it is still held, by the server's clock too.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		require.NoError(t, l.Err())
+		require.True(t, b.serverLive(t, "job"))
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.True(t, l.ExpiresAt().After(first), "renewed")
+	require.NoError(t, write(b.ctx, l, b.db.Pool, "holder"))
+
+	_, err = c.Acquire(b.ctx, "job")
+	var held *gofence.HeldError
+	require.ErrorAs(t, err, &held)
+	require.ErrorIs(t, err, gofence.ErrHeld)
+	require.Equal(t, c.Holder(), held.Holder)
+	require.Equal(t, l.Token(), held.Token)
+	require.Contains(t, err.Error(), "use Lock to wait")
+
+	require.NoError(t, l.Release(b.ctx))
+	require.NoError(t, l.Release(b.ctx), "idempotent")
+	require.ErrorIs(t, l.Err(), gofence.ErrReleased)
+	require.False(t, b.serverLive(t, "job"))
+	require.ErrorIs(t, l.Renew(b.ctx), gofence.ErrReleased)
+}
+
+// TestLossIsSignalledBeforeTheServerCouldGrant partitions the client from the
+// database with a frozen proxy. The lease must report itself lost while the
+// server still counts it live (so before anyone else can be granted), and
+// once the server has granted a larger token to someone else, the old
+// holder's writes are refused by the database.
+func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	a := b.client(t, viaProxy, gofence.Config{TTL: time.Second, RenewInterval: 200 * time.Millisecond, SafetyMargin: 100 * time.Millisecond})
+	other := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+
+	l, err := a.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, write(b.ctx, l, viaProxy, "A"))
+
+	proxy.Freeze()
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease never reported loss while partitioned")
+	}
+	var liveOnServer bool
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&liveOnServer))
+	require.True(t, liveOnServer, "loss was signalled only after the server could have granted the lease to someone else")
+	require.ErrorIs(t, l.Err(), gofence.ErrLost)
+	require.ErrorContains(t, l.Err(), "trust deadline")
+	require.ErrorIs(t, l.Renew(b.ctx), gofence.ErrLost, "renew after loss says so")
+
+	_, err = other.Acquire(b.ctx, "job")
+	require.ErrorIs(t, err, gofence.ErrHeld, "not before the server's expiry")
+	l2, err := other.Lock(b.ctx, "job")
+	require.NoError(t, err)
+	defer l2.Release(b.ctx)
+	require.Greater(t, l2.Token(), l.Token())
+
+	// A's process wakes up and writes through a connection that works: the
+	// database refuses, whatever A believes.
+	err = write(b.ctx, l, b.db.Pool, "A-late")
+	require.ErrorIs(t, err, gofence.ErrStaleToken)
+	require.ErrorIs(t, err, gofence.ErrLost)
+	require.NoError(t, write(b.ctx, l2, b.db.Pool, "B"))
+	proxy.Thaw()
+	require.NoError(t, l.Release(b.ctx), "release after loss is not an error")
+	require.True(t, b.serverLive(t, "job"), "and it did not touch B's lease")
+}
+
+func TestTransientRenewErrorsAreRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 2 * time.Second, RenewInterval: 200 * time.Millisecond, RetryInterval: 50 * time.Millisecond})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	before := l.ExpiresAt()
+	proxy.Kill() // every pooled connection breaks; renewals fail until new ones are made
+	require.Eventually(t, func() bool { return l.ExpiresAt().After(before.Add(300 * time.Millisecond)) }, 5*time.Second, 20*time.Millisecond)
+	require.NoError(t, l.Err(), "a broken connection is not a lost lease")
+	require.NoError(t, l.Release(b.ctx))
+}
+
+func TestDoReleasesWhenTheParentContextIsCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+	ctx, cancel := context.WithCancel(b.ctx)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Do(ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
+			if err := write(ctx, l, b.db.Pool, "do"); err != nil {
+				return err
+			}
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-started
+	require.True(t, b.serverLive(t, "job"))
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.False(t, b.serverLive(t, "job"), "released at once, not left to expire")
+}
+
+func TestDoNoWaitOnAHeldResource(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+	err = c.Do(b.ctx, "job", &gofence.DoOptions{NoWait: true}, func(context.Context, *gofence.Lease) error {
+		t.Fatal("ran without the lease")
+		return nil
+	})
+	require.ErrorIs(t, err, gofence.ErrHeld)
+}
+
+func TestTxMapsFencingErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+
+	// No token column: use_token is registered before the first statement.
+	_, err = b.db.Pool.Exec(b.ctx, `CREATE TABLE journal (line text)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "journal", "job", ""))
+	require.NoError(t, l.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(b.ctx, `INSERT INTO journal VALUES ('first statement')`)
+		return err
+	}))
+
+	_, err = sqlfuncs.Revoke(b.ctx, b.db.Pool, "job")
+	require.NoError(t, err)
+	err = l.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		t.Fatal("fn ran although use_token failed")
+		return nil
+	})
+	require.ErrorIs(t, err, gofence.ErrStaleToken)
+	require.ErrorIs(t, err, sqlfuncs.ErrStaleToken)
+
+	conn := b.db.Conn(t)
+	err = l.TxConn(b.ctx, conn, func(tx pgx.Tx) error { return nil })
+	require.ErrorIs(t, err, gofence.ErrStaleToken)
+	var status string
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT 'idle'`).Scan(&status), "the connection is usable again")
+
+	myErr := errors.New("mine")
+	l2, err := c.Lock(b.ctx, "job")
+	require.NoError(t, err)
+	defer l2.Release(b.ctx)
+	err = l2.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(b.ctx, `INSERT INTO journal VALUES ('rolled back')`)
+		require.NoError(t, err)
+		return myErr
+	})
+	require.ErrorIs(t, err, myErr)
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM journal WHERE line = 'rolled back'`).Scan(&n))
+	require.Zero(t, n)
+}
+
+func TestSessionLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: time.Second, RenewInterval: 100 * time.Millisecond})
+	l, err := c.AcquireSession(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, write(b.ctx, l, b.db.Pool, "session"))
+	_, err = c.AcquireSession(b.ctx, "job")
+	require.ErrorIs(t, err, gofence.ErrHeld)
+
+	var pid int32
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT session_pid FROM fence.leases WHERE resource = 'job'`).Scan(&pid))
+	_, err = b.db.Pool.Exec(b.ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session lease did not notice its connection was gone")
+	}
+	require.ErrorIs(t, l.Err(), gofence.ErrLost)
+	l2, err := c.Lock(b.ctx, "job")
+	require.NoError(t, err)
+	require.Greater(t, l2.Token(), l.Token())
+	require.NoError(t, l2.Release(b.ctx))
+	require.NoError(t, l.Release(b.ctx))
+}
+
+func TestLockKeyMatchesSQL(t *testing.T) {
+	t.Parallel()
+	b := &bundle{ctx: t.Context(), db: pgtest.Setup(t)}
+	for _, name := range []string{"a", "nightly", "ünï", `q'"\`} {
+		k, err := sqlfuncs.LockKey(b.ctx, b.db.Pool, name)
+		require.NoError(t, err)
+		require.Equal(t, k, gofence.LockKey(name))
+	}
+}
+
+func TestNoGoroutineLeaks(t *testing.T) {
+	// Not parallel: it counts the process's goroutines.
+	b := setup(t)
+	pool := b.pool(t, b.db.URL)
+	require.NoError(t, pool.Ping(b.ctx))
+	base := runtime.NumGoroutine()
+
+	c, err := gofence.New(pool, &gofence.Config{TTL: time.Second, PollInterval: 20 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var got atomic.Int32
+	for range 2 {
+		wg.Go(func() {
+			l2, err := c.Lock(b.ctx, "job")
+			if err == nil {
+				got.Add(1)
+				_ = l2.Release(b.ctx)
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, l.Release(b.ctx))
+	wg.Wait()
+	require.Equal(t, int32(2), got.Load())
+	s, err := c.AcquireSession(b.ctx, "s")
+	require.NoError(t, err)
+	require.NoError(t, s.Release(b.ctx))
+	require.NoError(t, c.Do(b.ctx, "job", nil, func(context.Context, *gofence.Lease) error { return nil }))
+	c.Close()
+
+	// Polled by hand: require.Eventually runs its condition in a goroutine of its own.
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > base && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), base, "goroutines left behind")
+}

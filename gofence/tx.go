@@ -1,0 +1,81 @@
+package gofence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// Tx runs fn in a transaction on a connection from pool in which the lease's
+// token is already registered with fence.use_token: BEGIN and use_token go
+// to the server in one round trip, so every statement of fn on a protected
+// table (with or without a token column) is fenced. The transaction commits
+// when fn returns nil and rolls back otherwise.
+//
+// Tx does not refuse on its own once the lease is lost: the database is the
+// judge. While no newer token exists the writes are safe and succeed; once
+// one exists they fail with ErrStaleToken. Errors match ErrStaleToken,
+// ErrNoToken, ErrUnknownToken (with the *pgconn.PgError reachable through
+// errors.As), and also ErrLost when the lease was lost by then.
+func (l *Lease) Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return l.TxOptions(ctx, pool, pgx.TxOptions{}, fn)
+}
+
+// TxOptions is Tx with transaction options (isolation level, access mode).
+func (l *Lease) TxOptions(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return l.txError(err)
+	}
+	defer pc.Release()
+	return l.runTx(ctx, pc.Conn(), opts, fn)
+}
+
+// TxConn is Tx on a connection the caller holds.
+func (l *Lease) TxConn(ctx context.Context, conn *pgx.Conn, fn func(pgx.Tx) error) error {
+	return l.runTx(ctx, conn, pgx.TxOptions{}, fn)
+}
+
+func (l *Lease) runTx(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
+	tx, err := sqlfuncs.BeginWithToken(ctx, conn, opts, l.resource, l.token)
+	if err != nil {
+		return l.txError(err)
+	}
+	if err := fn(tx); err != nil {
+		rollback(ctx, tx)
+		return l.txError(sqlfuncs.Translate(err))
+	}
+	return l.txError(sqlfuncs.Translate(tx.Commit(ctx)))
+}
+
+// merge derives a context that ends with ctx or with the lease.
+func (l *Lease) merge(ctx context.Context) (context.Context, func()) {
+	mctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	return mctx, func() { stop(); cancel(nil) }
+}
+
+// txError adds the lease's loss to an error that happened after it.
+func (l *Lease) txError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if lost := l.Err(); lost != nil && errors.Is(lost, ErrLost) && !errors.Is(err, lost) {
+		return fmt.Errorf("pgfence: transaction under %s token %d: %w (%w)", l.resource, l.token, err, lost)
+	}
+	return fmt.Errorf("pgfence: transaction under %s token %d: %w", l.resource, l.token, err)
+}
+
+// rollback rolls back with a context that is not cancelled, so that a
+// cancelled caller still leaves the connection clean.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
