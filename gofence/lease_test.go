@@ -199,6 +199,40 @@ func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
 	require.True(t, b.serverLive(t, "job"), "and it did not touch B's lease")
 }
 
+// TestReleaseRetryAfterALostReply: a release that timed out in a partition
+// may still reach the server late, after someone else was granted the lease;
+// neither that late copy nor the retry may touch the newer lease, and the
+// retry reports success.
+func TestReleaseRetryAfterALostReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	a := b.client(t, viaProxy, gofence.Config{TTL: 500 * time.Millisecond})
+	other := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+	l, err := a.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+
+	proxy.Freeze()
+	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	err = l.Release(ctx)
+	cancel()
+	require.Error(t, err, "the release could not get through")
+	require.ErrorContains(t, err, "ends on its own at expiry")
+
+	l2, err := other.Lock(b.ctx, "job") // granted at the server's expiry of A's lease
+	require.NoError(t, err)
+	defer l2.Release(b.ctx)
+	proxy.Thaw() // the held copy of A's release arrives now, late
+
+	require.NoError(t, l.Release(b.ctx), "the retry succeeds: A's lease is over")
+	require.NoError(t, l.Release(b.ctx))
+	info, err := other.Leader(b.ctx, "job")
+	require.NoError(t, err)
+	require.True(t, info.Live, "B's lease is untouched")
+	require.Equal(t, l2.Token(), info.Token)
+}
+
 func TestTransientRenewErrorsAreRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
