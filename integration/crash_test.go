@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"time"
+
 	"fmt"
 	"testing"
 
@@ -116,4 +118,44 @@ func TestGrantsSurviveCrash(t *testing.T) {
 		require.Equal(t, int64(1), counterOf(tok), "first grant of a resource has counter 1")
 		require.Equal(t, epochBefore, epoch)
 	})
+}
+
+// TestGrantSurvivesCrashWhenTheCallerTurnsAsyncCommitOnAfterwards: a caller
+// that sets synchronous_commit = off later in the granting transaction (SET
+// LOCAL after fence.acquire) must not make the grant asynchronous: the
+// deferred trigger lease_durable turns it back on at commit. Without it the
+// grant is lost in the crash and the same token is handed out again (found
+// by review).
+func TestGrantSurvivesCrashWhenTheCallerTurnsAsyncCommitOnAfterwards(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{Config: map[string]string{
+		"wal_writer_delay": "'10s'", // an asynchronous commit stays unflushed until the crash
+	}})
+	conn := connect(t, ctx, c.URL(), false)
+	var first int64
+	require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var ok bool
+		var err error
+		first, ok, err = sqlfuncs.Acquire(ctx, tx, "late-async", "holder-1", time.Hour)
+		require.True(t, ok)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = off`)
+		return err
+	}))
+	conn.Close(ctx)
+	c.Stop(t, "immediate")
+	c.Start(t)
+
+	conn = connect(t, ctx, c.URL(), false)
+	var token int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT token FROM fence.leases WHERE resource = 'late-async'`).Scan(&token),
+		"the grant was lost in the crash")
+	require.Equal(t, first, token)
+	_, err := sqlfuncs.Revoke(ctx, conn, "late-async")
+	require.NoError(t, err)
+	second := mustAcquire(t, ctx, conn, "late-async", "holder-2")
+	require.Greater(t, second, first)
 }

@@ -12,7 +12,8 @@ BEGIN
       FROM pg_catalog.pg_trigger t
       JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
       JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-     WHERE n.nspname = 'fence';
+     WHERE n.nspname = 'fence'
+       AND t.tgrelid NOT IN (SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relnamespace = 'fence'::regnamespace);
     IF tables IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: cannot remove schema fence while tables are protected: %', tables
             USING ERRCODE = '2BP01',

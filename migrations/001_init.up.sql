@@ -160,18 +160,24 @@ $$;
 
 -- TTLs go from 10 milliseconds to 1 day. A longer hold is a shorter TTL that
 -- is renewed: a lease that outlives a crashed holder by days is a mistake.
-CREATE FUNCTION fence._check_ttl(ttl interval) RETURNS void
+-- Returns the TTL as plain seconds: the range is checked on the same number
+-- that is added to the clock, so no mix of months, days and seconds can slip
+-- past it, and daylight-saving changes cannot stretch a day.
+CREATE FUNCTION fence._check_ttl(ttl interval) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    secs double precision := pg_catalog.date_part('epoch', ttl);
 BEGIN
     IF ttl IS NULL THEN
         RAISE EXCEPTION 'pgfence: ttl must not be NULL'
             USING ERRCODE = '22004', HINT = 'pass a ttl between 10 milliseconds and 1 day, for example interval ''30 seconds''';
-    ELSIF ttl < interval '10 milliseconds' OR ttl > interval '1 day' THEN
+    ELSIF secs < 0.01 OR secs > 86400 THEN
         RAISE EXCEPTION 'pgfence: ttl % is out of range', ttl
             USING ERRCODE = '22023', HINT = 'pass a ttl between 10 milliseconds and 1 day; renew the lease to hold it longer';
     END IF;
+    RETURN pg_catalog.make_interval(secs => secs);
 END
 $$;
 
@@ -190,16 +196,30 @@ BEGIN
 END
 $$;
 
--- The advisory-lock key bound to a session lease of a resource: the first 8
--- bytes of sha256(resource as UTF-8), moved into [2^62, 2^63). fence.lock_key
--- uses negative keys and golang-migrate uses [0, 2^32), so the three never
--- collide.
-CREATE FUNCTION fence._lease_key(resource text) RETURNS bigint
+-- The advisory-lock key of one session lease: the first 8 bytes of
+-- sha256(resource as UTF-8 || token as 8 big-endian bytes), moved into
+-- [2^62, 2^63). Bound to the token, not only the resource: a lock left behind
+-- (by a rolled-back acquire_session, or by a holder whose lease was revoked)
+-- belongs to a token that is no longer the latest and blocks nothing.
+CREATE FUNCTION fence._lease_key(resource text, token bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+                pg_catalog.convert_to(resource, 'UTF8') || pg_catalog.int8send(token)), 1, 8), 'hex'))::bit(64)::bigint
+            & 4611686018427387903) | 4611686018427387904
+$$;
+
+-- The key of a resource's gate, in [2^61, 2^62): fence.check takes it shared
+-- and a grant exclusive, both at transaction level (see fence._grant).
+-- Key ranges: golang-migrate [0, 2^32), gates [2^61, 2^62), session leases
+-- [2^62, 2^63), fence.lock_key negative: they never collide.
+CREATE FUNCTION fence._gate_key(resource text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT (('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint
-            & 4611686018427387903) | 4611686018427387904
+            & 2305843009213693951) | 2305843009213693952
 $$;
 
 -- Whether this session holds the advisory lock of key k (pg_locks is readable
@@ -216,19 +236,21 @@ $$;
 
 -- Whether the session that took a session lease still holds it. In our own
 -- session (same pid) an advisory lock request would succeed re-entrantly and
--- prove nothing, so we look for the lock in pg_locks. For another session,
--- taking its advisory lock at transaction level succeeds exactly when no
--- session holds it any more; we then keep it until our transaction ends,
--- which also keeps a racing acquire_session out while we grant.
+-- prove nothing, so we look for the lock in pg_locks (a new backend that
+-- reuses a dead holder's pid does not hold it). For another session, taking
+-- the lease's key at transaction level succeeds exactly when no session holds
+-- it any more.
 CREATE FUNCTION fence._session_alive(l fence.lease) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    k bigint := fence._lease_key(l.resource, l.token);
 BEGIN
     IF l.session_pid = pg_catalog.pg_backend_pid() THEN
-        RETURN fence._holds_lease_key(fence._lease_key(l.resource));
+        RETURN fence._holds_lease_key(k);
     END IF;
-    RETURN NOT pg_catalog.pg_try_advisory_xact_lock(fence._lease_key(l.resource));
+    RETURN NOT pg_catalog.pg_try_advisory_xact_lock(k);
 END
 $$;
 
@@ -255,30 +277,42 @@ $$;
 -- stays busy past the grant wait.
 --
 -- Locking order, and why it gives guarantee 3 (linearizable fencing):
--- every guarded write runs fence.check, which reads the lease row FOR KEY
--- SHARE and holds that lock until the writing transaction ends. A grant locks
--- the same row FOR UPDATE before it computes the new token, and FOR UPDATE
--- conflicts with FOR KEY SHARE. So either
+-- every guarded write runs fence.check, which takes the resource's gate (an
+-- advisory lock) in share mode and then reads the lease row FOR KEY SHARE,
+-- and holds both until the writing transaction ends. A grant takes the gate
+-- in exclusive mode and then locks the row FOR UPDATE before it computes the
+-- new token. So either
 --   (a) the writer locked first: the grant waits until the writing
 --       transaction has committed or rolled back, so every write made under
 --       the old token is ordered before the new token exists; or
---   (b) the grant locked first: the writer's lock waits for the granting
---       transaction; under READ COMMITTED it then re-reads the row, finds the
---       newer token and fails with FN001; under REPEATABLE READ or
---       SERIALIZABLE the lock attempt fails with a serialization error.
--- Either way no write under the old token commits after the grant. The grant
--- never touches protected tables, so the two lock only this one row and
--- cannot deadlock with each other. (Renew and release take FOR NO KEY UPDATE
--- locks, which do not conflict with FOR KEY SHARE: a writer never delays the
--- holder's own renewals.)
+--   (b) the grant locked first: the writer waits for the granting
+--       transaction; under READ COMMITTED it then reads the newest row,
+--       finds the newer token and fails with FN001; under REPEATABLE READ or
+--       SERIALIZABLE its row lock fails with a serialization error (the row
+--       changed after its snapshot).
+-- Either way no write under the old token commits after the grant.
 --
--- The wait in (a) is bounded by fence.grant_wait (default 2s, a lock_timeout
--- applied to this lock only): a paused holder with an open transaction makes
--- the grant report busy, it never hangs.
+-- Why a gate as well as the row lock: row locks are not queued fairly. A
+-- FOR KEY SHARE request never waits behind a waiting FOR UPDATE; it joins
+-- the current lockers, so a stream of overlapping writers could hold a grant
+-- off forever. The heavyweight lock manager queues a new share request
+-- behind a waiting exclusive one, so with the gate the grant waits only for
+-- the writers that were already in, and the wait has a bound. The row lock
+-- stays for (b) under REPEATABLE READ, and the unique (resource, token)
+-- constraint for the reason given at table fence.lease. The grant never
+-- touches protected tables, and both lock in the same order (gate, row), so
+-- writers and grants cannot deadlock with each other. Renew and release take
+-- neither the gate nor a conflicting row lock (FOR NO KEY UPDATE does not
+-- conflict with FOR KEY SHARE): writers never delay the holder's renewals.
+--
+-- The wait is bounded by fence.grant_wait (an interval, default 2s; a
+-- lock_timeout applied to these two locks only): a paused holder with an
+-- open transaction makes the grant report busy, it never hangs.
 --
 -- Durability: the token is written to the row in the granting transaction,
 -- and synchronous_commit is forced back on for that transaction if the
--- caller turned it off, so a grant that returned survives a crash.
+-- caller turned it off (here, and again at commit by the deferred trigger
+-- lease_durable), so a grant that returned survives a crash.
 CREATE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -288,12 +322,22 @@ DECLARE
     epoch  bigint := fence._epoch();
     first_tok bigint := (epoch << 43) | 1;
     prev_timeout text := pg_catalog.current_setting('lock_timeout');
-    grant_wait   text := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
+    wait_setting text := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
+    wait_ms      bigint;
     spid   integer;
     now    timestamptz;
     l      fence.lease;
     t      bigint;
 BEGIN
+    BEGIN
+        wait_ms := pg_catalog.ceil(pg_catalog.date_part('epoch', wait_setting::interval) * 1000)::bigint;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+        wait_ms := NULL;
+    END;
+    IF wait_ms IS NULL OR wait_ms <= 0 OR wait_ms > 3600000 THEN
+        RAISE EXCEPTION 'pgfence: fence.grant_wait = % is not a wait between 1 millisecond and 1 hour', wait_setting
+            USING ERRCODE = '22023', HINT = 'SET fence.grant_wait = ''2s'' (an interval), or RESET fence.grant_wait';
+    END IF;
     IF kind = 'session' THEN
         spid := pg_catalog.pg_backend_pid();
     END IF;
@@ -301,45 +345,78 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
 
-    PERFORM pg_catalog.set_config('lock_timeout', grant_wait, true);
+    PERFORM pg_catalog.set_config('lock_timeout', wait_ms::text, true);
     BEGIN
-        -- The clock is read once per grant, after any wait: it decides
-        -- liveness and gives acquired_at and expires_at.
-        now := pg_catalog.clock_timestamp();
-        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid)
-        VALUES (resource, first_tok, holder, kind, now, now + ttl,
-                CASE WHEN kind = 'revoked' THEN now END, spid)
-        ON CONFLICT DO NOTHING  -- every unique index arbitrates: a racing first grant of the same resource
-        RETURNING x.token INTO t;
-        IF t IS NULL THEN
-            SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE;
-            now := pg_catalog.clock_timestamp();
-        END IF;
+        PERFORM pg_catalog.pg_advisory_xact_lock(fence._gate_key(resource));
+        SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE;
     EXCEPTION WHEN lock_not_available THEN
         PERFORM pg_catalog.set_config('lock_timeout', prev_timeout, true);
         RETURN NULL;
     END;
     PERFORM pg_catalog.set_config('lock_timeout', prev_timeout, true);
-    IF t IS NOT NULL THEN
-        RETURN t;  -- first grant of this resource
-    END IF;
+    -- The clock is read once per grant, after any wait: it decides liveness
+    -- and gives acquired_at and expires_at.
+    now := pg_catalog.clock_timestamp();
 
-    IF NOT force AND fence._live(l, now) THEN
-        RETURN NULL;
+    IF l.resource IS NOT NULL THEN
+        IF NOT force AND fence._live(l, now) THEN
+            RETURN NULL;
+        END IF;
+        t := greatest(l.token + 1, first_tok);
+    ELSE
+        t := first_tok;  -- first grant of this resource; the gate keeps racing first grants out
     END IF;
-    t := greatest(l.token + 1, first_tok);
-    IF (t & 8796093022207) = 0 THEN
+    IF kind = 'session' THEN
+        -- The session-level advisory lock of (resource, token) is the
+        -- lease's life: it ends when the session ends, however that happens.
+        -- A key can only be held already if a rolled-back grant computed the
+        -- same token; skip such tokens (tokens need to increase, not to be
+        -- consecutive).
+        WHILE NOT pg_catalog.pg_try_advisory_lock(fence._lease_key(resource, t)) LOOP
+            t := t + 1;
+        END LOOP;
+    END IF;
+    IF (t & 8796093022207) = 0 OR (l.resource IS NOT NULL AND t >> 43 > greatest(l.token >> 43, epoch)) THEN
         RAISE EXCEPTION 'pgfence: the tokens of resource % are exhausted in epoch %', resource, t >> 43
             USING ERRCODE = '54000', HINT = 'promote or restore moves to a new epoch; see docs/design.md';
     END IF;
-    UPDATE fence.lease x
-       SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = now + ttl,
-           ended_at = CASE WHEN kind = 'revoked' THEN now END,
-           session_pid = spid
-     WHERE x.resource = resource;
+    IF l.resource IS NULL THEN
+        -- ON CONFLICT: a caller under REPEATABLE READ may not see a row that
+        -- a racing first grant committed after its snapshot; it is then busy.
+        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid)
+        VALUES (resource, t, holder, kind, now, now + ttl, CASE WHEN kind = 'revoked' THEN now END, spid)
+        ON CONFLICT DO NOTHING
+        RETURNING x.token INTO t;
+        IF t IS NULL AND kind = 'session' THEN
+            PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource, first_tok));
+        END IF;
+    ELSE
+        UPDATE fence.lease x
+           SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = now + ttl,
+               ended_at = CASE WHEN kind = 'revoked' THEN now END,
+               session_pid = spid
+         WHERE x.resource = resource;
+    END IF;
     RETURN t;
 END
 $$;
+
+-- Deferred to commit, so that nothing the caller does later in the
+-- transaction (SET LOCAL synchronous_commit = off) can make a grant or a
+-- renewal asynchronous: a crash must never lose a token that was handed out.
+CREATE FUNCTION fence._durable() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE CONSTRAINT TRIGGER lease_durable AFTER INSERT OR UPDATE ON fence.lease
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fence._durable();
 
 CREATE FUNCTION fence._notify_free(resource text) RETURNS void
 LANGUAGE sql VOLATILE
@@ -361,8 +438,7 @@ DECLARE
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
-    PERFORM fence._check_ttl(ttl);
-    ttl := pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', ttl));  -- no day part: DST cannot stretch it
+    ttl := fence._check_ttl(ttl);
     -- Fast path without a row lock: a live lease answers NULL at once, so
     -- waiters that poll never queue behind the holder's writers or renewals.
     SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
@@ -382,32 +458,15 @@ AS $$
 #variable_conflict use_variable
 DECLARE
     now timestamptz := pg_catalog.clock_timestamp();
-    k   bigint;
     l   fence.lease;
-    t   bigint;
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
-    k := fence._lease_key(resource);
-    -- The session-level advisory lock is the lease's life: it ends when the
-    -- session ends, however that happens.
-    IF NOT pg_catalog.pg_try_advisory_lock(k) THEN
+    SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
+    IF FOUND AND fence._live(l, now) THEN
         RETURN NULL;
     END IF;
-    BEGIN
-        SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
-        IF NOT FOUND OR NOT fence._live(l, now) THEN
-            t := fence._grant(resource, holder, 'session', NULL, false);
-        END IF;
-    EXCEPTION WHEN query_canceled OR others THEN  -- OTHERS alone does not catch a cancel or statement_timeout
-        -- session-level advisory locks survive a rollback: give it back
-        PERFORM pg_catalog.pg_advisory_unlock(k);
-        RAISE;
-    END;
-    IF t IS NULL THEN
-        PERFORM pg_catalog.pg_advisory_unlock(k);
-    END IF;
-    RETURN t;
+    RETURN fence._grant(resource, holder, 'session', NULL, false);
 END
 $$;
 COMMENT ON FUNCTION fence.acquire_session(text, text) IS
@@ -424,8 +483,7 @@ DECLARE
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_token(token);
-    PERFORM fence._check_ttl(ttl);
-    ttl := pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', ttl));  -- no day part: DST cannot stretch it
+    ttl := fence._check_ttl(ttl);
     -- A renewal lost in a crash would let the server grant the lease earlier
     -- than the holder was told; keep it durable like a grant.
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
@@ -465,7 +523,7 @@ BEGIN
         RETURN false;
     END IF;
     IF l.kind = 'session' AND l.session_pid = pg_catalog.pg_backend_pid() THEN
-        PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource));
+        PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource, token));
     END IF;
     PERFORM fence._notify_free(resource);
     RETURN true;
@@ -522,6 +580,7 @@ BEGIN
             USING ERRCODE = 'FN003', DETAIL = format('resource=%s token=%s', resource, token),
                   HINT = 'pass the token that fence.acquire returned for this resource';
     END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
     SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
     IF latest IS NULL THEN
         RAISE EXCEPTION 'pgfence: unknown fencing token % for resource %: it has never been granted', token, resource
@@ -563,10 +622,17 @@ $$;
 COMMENT ON FUNCTION fence.use_token(text, bigint) IS
     'fence.check, then remembers the token for the rest of the transaction for guarded tables without a token column';
 
--- Row guard for tables with a token column (AFTER INSERT OR UPDATE, FOR EACH
--- ROW). TG_ARGV: resource, token column. AFTER, so it checks the row as it
--- was written, whatever BEFORE triggers of the table did to it; an error
--- still undoes the statement, and the lease row lock it takes lasts until the
+-- Row guard (AFTER INSERT OR UPDATE OR DELETE, FOR EACH ROW). TG_ARGV:
+-- resource, and the token column when the table has one. INSERT and UPDATE
+-- of a table with a token column take the token from the row; everything
+-- else (tables without one, and DELETE) takes it from fence.use_token.
+--
+-- Row-level, even without a token column, because row triggers fire on the
+-- table that holds the row: a write routed through a partitioned parent (or
+-- an inheritance parent) that the table was attached to after fence.protect
+-- still meets the guard, where a statement trigger would not fire. AFTER, so
+-- it checks the row as written, whatever BEFORE triggers did to it; an error
+-- still undoes the statement, and the locks fence.check takes last until the
 -- transaction ends, which is all the ordering argument needs.
 --
 -- The guards run with the rights of the role that writes (SECURITY INVOKER):
@@ -581,20 +647,30 @@ AS $$
 DECLARE
     res text := TG_ARGV[0];
     col text := TG_ARGV[1];
-    tok bigint := (pg_catalog.to_jsonb(NEW) ->> col)::bigint;
+    tok bigint;
     old_tok bigint;
 BEGIN
-    IF tok IS NULL THEN
-        RAISE EXCEPTION 'pgfence: no fencing token in column % of protected table %.%', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
-                  HINT = format('set %I to the token that fence.acquire(%L, ...) returned', col, res);
-    END IF;
-    IF TG_OP = 'UPDATE' THEN
-        old_tok := (pg_catalog.to_jsonb(OLD) ->> col)::bigint;
-        IF old_tok > tok THEN
-            RAISE EXCEPTION 'pgfence: stale fencing token % for resource %: the row already carries token %', tok, res, old_tok
-                USING ERRCODE = 'FN001', DETAIL = format('resource=%s token=%s row_token=%s', res, tok, old_tok),
-                      HINT = 'an update may never lower the token column; acquire the lease again and use the new token';
+    IF col IS NOT NULL AND TG_OP <> 'DELETE' THEN
+        tok := (pg_catalog.to_jsonb(NEW) ->> col)::bigint;
+        IF tok IS NULL THEN
+            RAISE EXCEPTION 'pgfence: no fencing token in column % of protected table %.%', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
+                USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
+                      HINT = format('set %I to the token that fence.acquire(%L, ...) returned', col, res);
+        END IF;
+        IF TG_OP = 'UPDATE' THEN
+            old_tok := (pg_catalog.to_jsonb(OLD) ->> col)::bigint;
+            IF old_tok > tok THEN
+                RAISE EXCEPTION 'pgfence: stale fencing token % for resource %: the row already carries token %', tok, res, old_tok
+                    USING ERRCODE = 'FN001', DETAIL = format('resource=%s token=%s row_token=%s', res, tok, old_tok),
+                          HINT = 'an update may never lower the token column; acquire the lease again and use the new token';
+            END IF;
+        END IF;
+    ELSE
+        tok := (nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb ->> res)::bigint;
+        IF tok IS NULL THEN
+            RAISE EXCEPTION 'pgfence: no fencing token for % on protected table %.%', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
+                USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
+                      HINT = format('call fence.use_token(%L, token) earlier in this transaction', res);
         END IF;
     END IF;
     PERFORM fence.check(res, tok);
@@ -602,10 +678,8 @@ BEGIN
 END
 $$;
 
--- Statement guard (BEFORE ... FOR EACH STATEMENT): the token comes from
--- fence.use_token earlier in the transaction. TG_ARGV: resource. Used for
--- every statement on tables without a token column, and for DELETE and
--- TRUNCATE on tables with one (they carry no row to take a token from).
+-- TRUNCATE guard (BEFORE TRUNCATE, FOR EACH STATEMENT): a TRUNCATE has no
+-- rows, so the token comes from fence.use_token. TG_ARGV: resource.
 CREATE FUNCTION fence._guard_stmt() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -707,14 +781,14 @@ BEGIN
         EXECUTE format('DROP TRIGGER %I ON %s', tg.tgname, qn);
     END LOOP;
     IF token_column IS NOT NULL THEN
-        EXECUTE format('CREATE TRIGGER zz_fence_guard_row AFTER INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION fence._guard_row(%L, %L)',
+        EXECUTE format('CREATE TRIGGER zz_fence_guard_row AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION fence._guard_row(%L, %L)',
                        qn, resource, token_column);
-        EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._guard_stmt(%L)',
-                       qn, resource);
     ELSE
-        EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._guard_stmt(%L)',
+        EXECUTE format('CREATE TRIGGER zz_fence_guard_row AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION fence._guard_row(%L)',
                        qn, resource);
     END IF;
+    EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._guard_stmt(%L)',
+                   qn, resource);
 END
 $$;
 COMMENT ON FUNCTION fence.protect(regclass, text, name) IS
@@ -735,6 +809,10 @@ BEGIN
     SELECT r.relowner, n.nspname, r.relname INTO c
       FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
      WHERE r.oid = tbl;
+    IF c.relname IS NULL THEN
+        RAISE EXCEPTION 'pgfence: there is no table with OID %', tbl::oid
+            USING ERRCODE = '42P01', HINT = 'pass the name of an existing table';
+    END IF;
     IF NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') THEN
         RAISE EXCEPTION 'pgfence: only the owner of table % can unprotect it', tbl
             USING ERRCODE = '42501', HINT = 'run fence.unprotect as the role that owns the table';
@@ -806,8 +884,8 @@ SELECT l.resource,
            WHEN l.kind = 'session' THEN EXISTS (
                SELECT 1 FROM pg_catalog.pg_locks k
                 WHERE k.locktype = 'advisory' AND k.granted AND k.pid = l.session_pid AND k.objsubid = 1
-                  AND k.classid::bigint = fence._lease_key(l.resource) >> 32
-                  AND k.objid::bigint = fence._lease_key(l.resource) & 4294967295)
+                  AND k.classid::bigint = fence._lease_key(l.resource, l.token) >> 32
+                  AND k.objid::bigint = fence._lease_key(l.resource, l.token) & 4294967295)
            ELSE false
        END AS live,
        l.session_pid
@@ -860,7 +938,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval), fence.acquire_session(text, text),
         fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
         fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
-        fence._guard_row(), fence._guard_stmt(), fence._check_name(text, text), fence._lease_key(text), fence._trigger_arg(bytea, integer),
+        fence._guard_row(), fence._guard_stmt(), fence._check_name(text, text), fence._lease_key(text, bigint), fence._trigger_arg(bytea, integer),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
         fence.try_xact_lock(text), fence.version() TO %I', role);
     IF operator THEN

@@ -1,6 +1,7 @@
 package sqlfuncs_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +148,7 @@ func TestApplicationRolePrivileges(t *testing.T) {
 	}
 
 	t.Run("a forged fence.tokens setting gains nothing", func(t *testing.T) {
+		ownerExec(fmt.Sprintf(`INSERT INTO orders VALUES (10, 'by owner', %d)`, tok))
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `SELECT set_config('fence.tokens', '{"orders": 1}', true)`)
 			require.NoError(t, err)
