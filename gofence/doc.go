@@ -1,11 +1,97 @@
-// Package gofence is the Go side of pgfence: it applies the kit's migrations
-// and (as the package grows) holds leases, keeps them alive and runs fenced
-// transactions over pgx v5. It reaches the SQL functions of schema fence only
-// through package sqlfuncs.
+// Package gofence is the Go side of pgfence: leases with fencing tokens that
+// PostgreSQL itself enforces, over pgx v5. It applies the kit's migrations,
+// hands out leases, keeps them alive, says when they are lost, waits for a
+// lock without hammering the database, runs transactions under a token and
+// elects leaders. It reaches the SQL functions of schema fence only through
+// package sqlfuncs.
+//
+// # The problem
+//
+// A lock holder can pause (a GC pause, a stalled network), lose its lease
+// without knowing, wake up and keep writing while a new holder works too.
+// Lease expiry does not stop the old process. A fencing token does: every
+// grant gets a strictly larger token, and the protected tables (see
+// fence.protect) refuse a write whose token is older than the latest grant.
+// The check runs inside the writing transaction, so no client can skip it.
+//
+// # Invariants
+//
+//   - Safety never depends on this package's timing. If a process keeps
+//     writing after its lease was lost (a pause longer than any margin, a
+//     clock that jumped), the database refuses its writes once a newer token
+//     exists: Lease.Tx returns an error matching ErrStaleToken.
+//   - A lease reports its loss no later than its local trust deadline: the
+//     time the acquire or the last successful renewal was sent, plus the TTL,
+//     minus Config.SafetyMargin, measured on the local monotonic clock. The
+//     server computes the expiry from its own clock, read after the request
+//     arrived, so while the clocks run at the same rate the server's expiry
+//     is later: the holder knows it lost the lease before anyone else can be
+//     granted it, even if the database never answers again. The margin covers
+//     the difference in rate over one TTL and the scheduling of the signal.
+//   - Transient errors (broken connections, timeouts, a restarting server)
+//     never end a lease on their own: renewals are retried every
+//     RetryInterval until the trust deadline. A renewal that the server
+//     answers with "not your lease" ends it at once.
+//   - Release is idempotent and safe to retry: fence.release only ends the
+//     lease that carries this lease's token, so a retry after a lost reply
+//     (or a late copy of the first attempt) never ends a newer holder's lease.
+//
+// # Lease states
+//
+//	            Acquire / Lock
+//	                  |
+//	                  v
+//	   +-------->  held  ---- Release ----> released (Err: ErrReleased)
+//	   |           |   |
+//	renewed    renew  trust deadline passed, or the server
+//	   |       due     answered "not live" (expired, revoked,
+//	   +-------+        superseded)
+//	                     |
+//	                     v
+//	                   lost (Err: ErrLost; Done closed; Context cancelled)
+//
+// A lost lease stays lost; Release after loss returns nil.
+//
+// # Defaults and why
+//
+// TTL 30s: long enough that a renewal every 10s (TTL/3) survives two failed
+// attempts before the deadline comes near, short enough that a crashed
+// holder frees the resource within half a minute. SafetyMargin 3s (TTL/10):
+// ample for clock-rate differences (parts per million) and goroutine
+// scheduling. PollInterval 1s: the fallback for waiters when notifications
+// are lost or a pooler (PgBouncer in transaction mode) blocks LISTEN; a
+// waiter also asks again exactly when the held lease expires by the server's
+// clock.
+//
+// # Waiting for a lock
+//
+// Lock keeps one LISTEN connection per Client on the channel fence_release,
+// on which fence.release and fence.revoke announce the freed resource. A
+// waiter registers before it tries, so a release between its try and its
+// wait is not missed; after a reconnect of the listener every waiter tries
+// again, since notifications sent meanwhile are lost.
+//
+// # Fenced transactions
+//
+// Lease.Tx begins a transaction and registers the token with
+// fence.use_token in the same round trip, so every statement of the
+// function on a protected table is fenced, whether the table carries its
+// token in a column or not. Errors keep the *pgconn.PgError reachable with
+// errors.As.
+//
+// # Leader election
+//
+// Elect is Lock, then the function under the lease, then Release, in a loop:
+// a leader whose lease is lost sees its context cancelled (before its trust
+// deadline, so before another candidate can be elected) and campaigns again.
+// The lease token is the term number. Cancelling Elect's context steps down
+// and releases, so the next leader is elected at once, not after a TTL.
 //
 // # Migrations
 //
 // Migrate applies the embedded migrations with golang-migrate, recording
 // them in the fence_schema_migrations table, so the upstream migrate CLI and
-// this package agree on the version and can be mixed.
+// this package agree on the version and can be mixed. A Client checks once
+// that the schema is installed at the version it needs and returns
+// ErrNotInstalled otherwise.
 package gofence

@@ -370,3 +370,32 @@ func redact(s string) string {
 	}
 	return u.Redacted()
 }
+
+// ExampleDB gives runnable examples, which get no *testing.T, a fresh
+// database cloned from the migrated template, and a function that drops it.
+// The package's TestMain must call Main. It panics when no PostgreSQL server
+// is available: examples cannot skip, and their output would be wrong.
+func ExampleDB() (url string, drop func()) {
+	if !mainCalled.Load() {
+		panic("pgtest: the package's TestMain must call pgtest.Main(m)")
+	}
+	srv, err := getServer()
+	if err != nil {
+		panic(fmt.Sprintf("pgtest: examples need PostgreSQL: %v", err))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	tpl, err := srv.template(ctx)
+	if err != nil {
+		panic(fmt.Sprintf("pgtest: %v", err))
+	}
+	name := "pgtest_" + randomHex(6)
+	if _, err := srv.admin.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE "+ident(tpl)); err != nil {
+		panic(fmt.Sprintf("pgtest: create database %s: %v", name, err))
+	}
+	return URLFor(srv.adminURL, name), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		_, _ = srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)")
+	}
+}

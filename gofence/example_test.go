@@ -1,0 +1,241 @@
+package gofence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// exampleDB is a migrated database with a protected table orders(id, note,
+// fence_token) guarded by the resource "orders".
+func exampleDB() (*pgxpool.Pool, func()) {
+	url, drop := pgtest.ExampleDB()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE TABLE orders (id int PRIMARY KEY, note text, fence_token bigint)`,
+		`SELECT fence.protect('orders', 'orders', 'fence_token')`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			log.Fatal(err)
+		}
+	}
+	return pool, func() { pool.Close(); drop() }
+}
+
+func ExampleMigrate() {
+	url, drop := pgtest.ExampleDB()
+	defer drop()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	// Applies every migration the database lacks (here: none, the example
+	// database is migrated already), in table fence_schema_migrations.
+	if err := gofence.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	version, dirty, err := gofence.MigrationVersion(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("version", version, "dirty", dirty)
+	// Output: version 1 dirty false
+}
+
+func ExampleClient_Acquire() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+
+	client, err := gofence.New(pool, &gofence.Config{Holder: "worker-1", TTL: 30 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lease, err := client.Acquire(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	fmt.Println("holding", lease.Resource())
+
+	// A second try finds it held, and says by whom.
+	_, err = client.Acquire(ctx, "orders")
+	var held *gofence.HeldError
+	if errors.As(err, &held) {
+		fmt.Println("held by", held.Holder, "with token", held.Token == lease.Token())
+	}
+	// Output:
+	// holding orders
+	// held by worker-1 with token true
+}
+
+func ExampleClient_Lock() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	client, err := gofence.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	first, err := client.Acquire(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = first.Release(ctx) // wakes the waiter through NOTIFY
+	}()
+	// Lock waits until the lease is free (or ctx is done).
+	second, err := client.Lock(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer second.Release(ctx)
+	fmt.Println("granted after the first holder released; newer token:", second.Token() > first.Token())
+	// Output: granted after the first holder released; newer token: true
+}
+
+func ExampleClient_Do() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	client, err := gofence.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	// Take the lease (waiting for it), keep it alive while the function runs,
+	// and release it afterwards. Write through lease.Tx: the database refuses
+	// the writes if this process lost the lease to a newer holder.
+	err = client.Do(ctx, "orders", nil, func(ctx context.Context, lease *gofence.Lease) error {
+		return lease.Tx(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO orders (id, note, fence_token) VALUES (1, 'paid', $1)`, lease.Token())
+			return err
+		})
+	})
+	if errors.Is(err, gofence.ErrStaleToken) {
+		log.Print("lost the lease: another worker took over")
+	} else if err != nil {
+		log.Fatal(err)
+	}
+
+	var note string
+	if err := pool.QueryRow(ctx, `SELECT note FROM orders WHERE id = 1`).Scan(&note); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(note)
+	// Output: paid
+}
+
+func ExampleLease_Tx() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	client, err := gofence.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	old, err := client.Acquire(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// An operator revokes the lease (or it expired and someone else got it).
+	if _, err := pool.Exec(ctx, `SELECT fence.revoke('orders')`); err != nil {
+		log.Fatal(err)
+	}
+	err = old.Tx(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM orders`)
+		return err
+	})
+	fmt.Println("stale:", errors.Is(err, gofence.ErrStaleToken))
+	_ = old.Release(ctx)
+	// Output: stale: true
+}
+
+func ExampleClient_Elect() {
+	pool, done := exampleDB()
+	defer done()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	terms := make(chan string, 2)
+	for _, name := range []string{"node-a", "node-b"} {
+		client, err := gofence.New(pool, &gofence.Config{Holder: name, TTL: 5 * time.Second})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer client.Close()
+		wg.Go(func() {
+			// Runs the function while this node leads; campaigns again after
+			// a loss; steps down (releasing at once) when ctx is cancelled.
+			_ = client.Elect(ctx, "scheduler", nil, func(ctx context.Context, lease *gofence.Lease) error {
+				terms <- "leader elected"
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		})
+	}
+	fmt.Println(<-terms)
+	observer, _ := gofence.New(pool, nil)
+	info, err := observer.Leader(ctx, "scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("someone leads:", info.Live)
+	cancel()
+	wg.Wait()
+	// Output:
+	// leader elected
+	// someone leads: true
+}
+
+// TestREADMEGoSnippetsAreCompiled keeps the README's Go code honest: every
+// ```go block of the README must appear, line for line, in this file, which
+// the compiler checks and whose examples run.
+func TestREADMEGoSnippetsAreCompiled(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	self, err := os.ReadFile("example_test.go")
+	require.NoError(t, err)
+	normalize := func(s string) string {
+		var out []string
+		for _, line := range strings.Split(s, "\n") {
+			if line = strings.TrimSpace(line); line != "" {
+				out = append(out, line)
+			}
+		}
+		return strings.Join(out, "\n")
+	}
+	body := normalize(string(self))
+	blocks := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
+	require.NotEmpty(t, blocks, "the README has Go code")
+	for _, b := range blocks {
+		require.True(t, strings.Contains(body, normalize(b[1])), "this README Go block is not in gofence/example_test.go:\n%s", b[1])
+	}
+}
