@@ -32,6 +32,7 @@ const DefaultDatabaseURL = "postgres://localhost:5432/postgres"
 // globals are the flags every command shares.
 type globals struct {
 	databaseURL string
+	json        bool
 	stdout      io.Writer
 	stderr      io.Writer
 }
@@ -55,7 +56,8 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else ` + DefaultDatabaseURL
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, PG* variables, "+DefaultDatabaseURL+")")
-	root.AddCommand(newMigrateCmd(g), newDemoCmd(g))
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout)")
+	root.AddCommand(commands(g)...)
 
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "pgfence: "+oneLine(err))

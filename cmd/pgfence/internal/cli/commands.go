@@ -1,0 +1,11 @@
+package cli
+
+import "github.com/spf13/cobra"
+
+// commands lists every subcommand of pgfence, one per line.
+func commands(g *globals) []*cobra.Command {
+	return []*cobra.Command{
+		newMigrateCmd(g),
+		newDemoCmd(g),
+	}
+}
