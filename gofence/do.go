@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // DoOptions tunes Do. The zero value (or nil) waits for the lease.
@@ -106,24 +104,12 @@ func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn 
 	}
 }
 
-// LeaderInfo describes who holds a lease, as fence.leases shows it.
-type LeaderInfo struct {
-	// Holder is the leader's name; empty when nobody leads.
-	Holder string
-	// Token is the leader's term (its lease token).
-	Token int64
-	// ExpiresAt is the lease's expiry by the server's clock.
-	ExpiresAt time.Time
-	// Live reports whether the lease is live now by the server's clock.
-	Live bool
-}
-
 // Leader tells who leads name now, for observers that do not campaign.
 // Live is false (and Holder empty) when nobody leads.
-func (c *Client) Leader(ctx context.Context, name string) (LeaderInfo, error) {
-	row, ok, err := sqlfuncs.GetLease(ctx, c.pool, name)
-	if err != nil || !ok || !row.Live {
-		return LeaderInfo{}, err
+func (c *Client) Leader(ctx context.Context, name string) (LeaseInfo, error) {
+	info, ok, err := c.LeaseOf(ctx, name)
+	if err != nil || !ok || !info.Live {
+		return LeaseInfo{}, err
 	}
-	return LeaderInfo{Holder: row.Holder, Token: row.Token, ExpiresAt: row.ExpiresAt, Live: true}, nil
+	return info, nil
 }

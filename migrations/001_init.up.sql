@@ -331,7 +331,7 @@ DECLARE
 BEGIN
     BEGIN
         wait_ms := pg_catalog.ceil(pg_catalog.date_part('epoch', wait_setting::interval) * 1000)::bigint;
-    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+    EXCEPTION WHEN data_exception THEN  -- not an interval, or out of range ('infinity')
         wait_ms := NULL;
     END;
     IF wait_ms IS NULL OR wait_ms <= 0 OR wait_ms > 3600000 THEN
@@ -383,12 +383,13 @@ BEGIN
     IF l.resource IS NULL THEN
         -- ON CONFLICT: a caller under REPEATABLE READ may not see a row that
         -- a racing first grant committed after its snapshot; it is then busy.
+        l.token := t;  -- the token whose key a session grant holds
         INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid)
         VALUES (resource, t, holder, kind, now, now + ttl, CASE WHEN kind = 'revoked' THEN now END, spid)
         ON CONFLICT DO NOTHING
         RETURNING x.token INTO t;
         IF t IS NULL AND kind = 'session' THEN
-            PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource, first_tok));
+            PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource, l.token));
         END IF;
     ELSE
         UPDATE fence.lease x
@@ -743,16 +744,23 @@ BEGIN
     SELECT r.relkind, r.relowner, n.nspname, r.relname INTO c
       FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
      WHERE r.oid = tbl;
-    IF c.relkind IS DISTINCT FROM 'r' THEN
+    IF c.relkind IS NULL THEN
+        RAISE EXCEPTION 'pgfence: there is no table with OID %', tbl::oid
+            USING ERRCODE = '42P01', HINT = 'pass the name of an existing table';
+    END IF;
+    IF c.relkind <> 'r' THEN
         RAISE EXCEPTION 'pgfence: % is not an ordinary table', tbl
             USING ERRCODE = '42809', HINT = 'protect a plain table; partitioned tables and views cannot be protected';
     END IF;
-    -- Statement triggers fire only on the table a statement names, so a write
-    -- through an inheritance parent or a partitioned table would skip the
-    -- guards of the child: refuse both sides of inheritance.
+    -- The rows of an inheritance child (or of a partition) live in the child:
+    -- a guard on the parent does not see them, and a TRUNCATE of a parent
+    -- does not fire a child's statement trigger. Keep the meaning of
+    -- "protected" simple: refuse both sides of an existing tree. (A table
+    -- attached later stays guarded: its row triggers fire for rows routed to
+    -- it.)
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = tbl OR i.inhparent = tbl) THEN
         RAISE EXCEPTION 'pgfence: % is part of an inheritance or partition tree', tbl
-            USING ERRCODE = '42809', HINT = 'writes through a parent table would skip the guard; protect a table that has no parent and no children';
+            USING ERRCODE = '42809', HINT = 'protect a plain table with no parent and no children (it may be attached as a partition afterwards)';
     END IF;
     IF NOT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') THEN
         RAISE EXCEPTION 'pgfence: only the owner of table % can protect it', tbl

@@ -72,6 +72,7 @@ func TestBadInput(t *testing.T) {
 		{"use_token: empty resource", `SELECT fence.use_token('', 1)`, nil, "22023"},
 		{"protect: NULL table", `SELECT fence.protect(NULL, 'r')`, nil, "22004"},
 		{"protect: unknown table", `SELECT fence.protect('nope', 'r')`, nil, "42P01"},
+		{"protect: unknown table OID", `SELECT fence.protect(987654321::oid::regclass, 'r')`, nil, "42P01"},
 		{"protect: a view", `SELECT fence.protect('v', 'r')`, nil, "42809"},
 		{"protect: a partitioned table", `SELECT fence.protect('parted', 'r', 'tok')`, nil, "42809"},
 		{"protect: a partition (writes through the parent would skip its statement guard)", `SELECT fence.protect('parted_1', 'r')`, nil, "42809"},

@@ -4,15 +4,19 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/gofence"
 )
 
 // Exit codes of every command.
@@ -23,7 +27,30 @@ const (
 	ExitError = 1
 	// ExitUsage: the command line could not be parsed.
 	ExitUsage = 2
+	// ExitHeld: acquire was not granted (another live lease holds the
+	// resource), or renew found the token no longer live.
+	ExitHeld = 3
+	// ExitRunNotAcquired: pgfence run could not get the lease, so the
+	// command never started.
+	ExitRunNotAcquired = 75
+	// ExitRunLost: pgfence run lost the lease and stopped the command.
+	ExitRunLost = 76
 )
+
+// exitError carries a specific exit code with its error (the message may be
+// empty when the command already said everything).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string {
+	if e.err == nil {
+		return ""
+	}
+	return e.err.Error()
+}
+func (e exitError) Unwrap() error { return e.err }
 
 // DefaultDatabaseURL is used when neither --database-url, DATABASE_URL nor
 // any PG* variable says where the database is.
@@ -60,6 +87,13 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else ` + DefaultDatabaseURL
 	root.AddCommand(commands(g)...)
 
 	if err := root.ExecuteContext(ctx); err != nil {
+		var xerr exitError
+		if errors.As(err, &xerr) {
+			if xerr.err != nil {
+				fmt.Fprintln(stderr, "pgfence: "+oneLine(xerr.err))
+			}
+			return xerr.code
+		}
 		fmt.Fprintln(stderr, "pgfence: "+oneLine(err))
 		var uerr usageError
 		if errors.As(err, &uerr) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") {
@@ -114,6 +148,31 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return pool, nil
+}
+
+// emit writes v as JSON under --json, else calls text.
+func (g *globals) emit(v any, text func(w io.Writer) error) error {
+	if g.json {
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	return text(g.stdout)
+}
+
+// client connects and returns a gofence client (and the pool to close).
+func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Client, *pgxpool.Pool, error) {
+	pool, err := g.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := gofence.New(pool, &cfg)
+	if err != nil {
+		pool.Close()
+		return nil, nil, usageError{err}
+	}
+	return c, pool, nil
 }
 
 // oneLine folds an error onto a single line.
