@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,7 +68,9 @@ type globals struct {
 // Run parses args, runs the command and returns the process exit code.
 // Errors are printed to stderr on one line.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	g := &globals{stdout: stdout, stderr: stderr}
+	// Commands write from several goroutines (a child's output copied by
+	// pgfence run, the logger, the command itself): serialize the writes.
+	g := &globals{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}}
 	root := &cobra.Command{
 		Use:   "pgfence",
 		Short: "Leases with fencing tokens that PostgreSQL itself enforces",
@@ -102,6 +105,18 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else ` + DefaultDatabaseURL
 		return ExitError
 	}
 	return ExitOK
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // usageError marks errors in the command line.

@@ -7,5 +7,15 @@ func commands(g *globals) []*cobra.Command {
 	return []*cobra.Command{
 		newMigrateCmd(g),
 		newDemoCmd(g),
+		newBenchCmd(g),
+		newAcquireCmd(g),
+		newRenewCmd(g),
+		newReleaseCmd(g),
+		newRevokeCmd(g),
+		newStatusCmd(g),
+		newProtectCmd(g),
+		newUnprotectCmd(g),
+		newRunCmd(g),
+		newDoctorCmd(g),
 	}
 }

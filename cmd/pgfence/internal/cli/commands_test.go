@@ -1,0 +1,266 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+func TestLeaseCommands(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+
+	code, out, errOut := run(t, "acquire", "job", "--ttl", "1m", "--holder", "cron-1", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	tok, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	require.NoError(t, err, "acquire prints the token alone: %q", out)
+
+	code, _, errOut = run(t, "acquire", "job", url)
+	require.Equal(t, cli.ExitHeld, code)
+	require.Contains(t, errOut, "held by cron-1")
+	require.Contains(t, errOut, "--wait")
+
+	code, out, errOut = run(t, "renew", "job", "--token", strconv.FormatInt(tok, 10), "--ttl", "2m", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	var renewed struct {
+		Resource  string    `json:"resource"`
+		Token     int64     `json:"token"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &renewed), out)
+	require.Equal(t, "job", renewed.Resource)
+	require.Equal(t, tok, renewed.Token)
+	require.WithinDuration(t, time.Now().Add(2*time.Minute), renewed.ExpiresAt, 30*time.Second)
+
+	code, out, errOut = run(t, "status", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Regexp(t, `RESOURCE\s+HOLDER\s+TOKEN\s+KIND\s+STATE\s+EXPIRES IN`, out)
+	require.Regexp(t, `job\s+cron-1\s+`+strconv.FormatInt(tok, 10)+`\s+ttl\s+live\s+1m\d`, out)
+
+	code, out, errOut = run(t, "status", "job", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.Len(t, rows, 1)
+	require.Equal(t, "cron-1", rows[0]["holder"])
+	require.Equal(t, true, rows[0]["live"])
+	require.Greater(t, rows[0]["expires_in_seconds"].(float64), 60.0)
+
+	code, out, errOut = run(t, "release", "job", "--token", strconv.FormatInt(tok, 10), url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "released\n", out)
+	code, out, _ = run(t, "release", "job", "--token", strconv.FormatInt(tok, 10), "--json", url)
+	require.Equal(t, cli.ExitOK, code, "release is idempotent")
+	require.JSONEq(t, `{"resource":"job","token":`+strconv.FormatInt(tok, 10)+`,"released":false}`, out)
+
+	code, _, errOut = run(t, "renew", "job", "--token", strconv.FormatInt(tok, 10), url)
+	require.Equal(t, cli.ExitHeld, code, "renew of an ended lease")
+	require.Contains(t, errOut, "not the live lease")
+
+	code, out, errOut = run(t, "revoke", "job", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	var revoked struct{ Token int64 }
+	require.NoError(t, json.Unmarshal([]byte(out), &revoked))
+	require.Greater(t, revoked.Token, tok)
+	code, out, _ = run(t, "status", url)
+	require.Equal(t, cli.ExitOK, code)
+	require.Regexp(t, `job\s+-\s+\d+\s+revoked\s+revoked`, out)
+
+	t.Run("acquire --wait gets it when it is released", func(t *testing.T) {
+		other, ok, err := sqlfuncs.Acquire(t.Context(), db.Pool, "w", "other", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			_, _ = sqlfuncs.Release(t.Context(), db.Pool, "w", other)
+		}()
+		code, out, errOut := run(t, "acquire", "w", "--wait", "--timeout", "20s", url)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.NotEmpty(t, strings.TrimSpace(out))
+		code, _, errOut = run(t, "acquire", "w", "--wait", "--timeout", "200ms", url)
+		require.Equal(t, cli.ExitHeld, code)
+		require.Contains(t, errOut, "not granted within 200ms")
+	})
+}
+
+func TestProtectCommands(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+	_, err := db.Pool.Exec(t.Context(), `CREATE TABLE orders (id int, fence_token bigint)`)
+	require.NoError(t, err)
+
+	code, out, errOut := run(t, "protect", "orders", "--resource", "orders", "--token-column", "fence_token", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Contains(t, out, "protected orders with resource orders (token from column fence_token)")
+	_, err = db.Pool.Exec(t.Context(), `INSERT INTO orders VALUES (1, NULL)`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+
+	code, out, errOut = run(t, "unprotect", "orders", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.JSONEq(t, `{"table":"orders"}`, out)
+	_, err = db.Pool.Exec(t.Context(), `INSERT INTO orders VALUES (1, NULL)`)
+	require.NoError(t, err)
+}
+
+// TestBadInput: every bad flag or argument gives one clear line on stderr, a
+// non-zero exit code, and changes nothing in the database.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+	_, err := db.Pool.Exec(t.Context(), `CREATE TABLE orders (id int, note text)`)
+	require.NoError(t, err)
+	cases := []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"bad duration", []string{"acquire", "r", "--ttl", "soon", url}, cli.ExitUsage, "invalid argument"},
+		{"ttl out of range", []string{"acquire", "r", "--ttl", "48h", url}, cli.ExitUsage, "out of range"},
+		{"timeout without wait", []string{"acquire", "r", "--timeout", "1s", url}, cli.ExitUsage, "--timeout goes with --wait"},
+		{"missing token", []string{"renew", "r", url}, cli.ExitUsage, "--token is required"},
+		{"token not a number", []string{"release", "r", "--token", "abc", url}, cli.ExitUsage, "not a positive integer"},
+		{"negative token", []string{"release", "r", "--token", "-5", url}, cli.ExitUsage, "not a positive integer"},
+		{"empty resource", []string{"acquire", "", url}, cli.ExitError, "resource must not be empty"},
+		{"unknown table", []string{"protect", "nope", "--resource", "r", url}, cli.ExitError, `relation "nope" does not exist`},
+		{"protect without resource", []string{"protect", "orders", url}, cli.ExitUsage, "--resource is required"},
+		{"text token column", []string{"protect", "orders", "--resource", "r", "--token-column", "note", url}, cli.ExitError, "not bigint"},
+		{"malformed URL", []string{"status", "--database-url", "postgres://%zz"}, cli.ExitError, "bad connection string"},
+		{"unknown command", []string{"frobnicate", url}, cli.ExitUsage, "unknown command"},
+		{"run without --", []string{"run", "r", "true", "x", url}, cli.ExitUsage, "put -- before the command"},
+		{"status of a resource never granted", []string{"status", "never", url}, cli.ExitError, "has never been granted"},
+		{"no schema", []string{"status", "--database-url", pgtest.Empty(t).URL}, cli.ExitError, "pgfence migrate up"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, errOut := run(t, c.args...)
+			require.Equal(t, c.code, code, "stdout %q stderr %q", out, errOut)
+			require.Contains(t, errOut, c.msg)
+			require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+		})
+	}
+	var leases, triggers int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM fence.leases`).Scan(&leases))
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass`).Scan(&triggers))
+	require.Zero(t, leases+triggers, "bad input changed nothing")
+}
+
+func TestRun(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+
+	t.Run("the command sees the token and its exit code passes through", func(t *testing.T) {
+		code, out, errOut := run(t, "run", "job", url, "--", "sh", "-c", `echo "token=$PGFENCE_TOKEN resource=$PGFENCE_RESOURCE"; exit 7`)
+		require.Equal(t, 7, code, errOut)
+		require.Regexp(t, `token=\d+ resource=job`, out)
+		row, ok, err := sqlfuncs.GetLease(t.Context(), db.Pool, "job")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.False(t, row.Live, "released on exit")
+	})
+
+	t.Run("not acquired: 75 and the command never starts", func(t *testing.T) {
+		tok, ok, err := sqlfuncs.Acquire(t.Context(), db.Pool, "busy", "other", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		defer sqlfuncs.Release(t.Context(), db.Pool, "busy", tok)
+		marker := filepath.Join(t.TempDir(), "ran")
+		code, _, errOut := run(t, "run", "busy", url, "--", "touch", marker)
+		require.Equal(t, cli.ExitRunNotAcquired, code)
+		require.Contains(t, errOut, "not acquired")
+		require.NoFileExists(t, marker)
+	})
+}
+
+// TestRunStopsTheCommandBeforeTheLeaseCanPass freezes the connection between
+// pgfence run and the database. The command (a shell wrapper whose child
+// ignores SIGTERM) must be gone before the server's expiry of the lease;
+// another run started then is granted a larger token.
+func TestRunStopsTheCommandBeforeTheLeaseCanPass(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	proxy := pgtest.NewProxy(t, db.URL)
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	grandchild := filepath.Join(dir, "grandchild.pid")
+
+	type result struct {
+		code     int
+		out, err string
+	}
+	done := make(chan result, 1)
+	go func() {
+		// sh ignores TERM and so does its child (the disposition is
+		// inherited); only SIGKILL of the whole group stops them.
+		script := `trap '' TERM; echo $PGFENCE_TOKEN > ` + started + `; sleep 60 & echo $! > ` + grandchild + `; wait`
+		code, out, errOut := run(t, "run", "job", "--ttl", "2s", "--grace", "400ms", "--database-url", proxy.URL(db.URL), "--", "sh", "-c", script)
+		done <- result{code, out, errOut}
+	}()
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(grandchild)
+		return err == nil && len(strings.TrimSpace(string(b))) > 0
+	}, 20*time.Second, 10*time.Millisecond)
+	firstTok, err := os.ReadFile(started)
+	require.NoError(t, err)
+
+	proxy.Freeze()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("pgfence run did not stop the command")
+	}
+	// The command is gone; the server still counts the lease live: nobody
+	// else could have been granted it while the command ran.
+	var live bool
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live))
+	require.True(t, live, "the command outlived the server's expiry")
+	require.Equal(t, cli.ExitRunLost, r.code, "stderr: %s", r.err)
+	require.Contains(t, r.err, "SIGTERM")
+	require.Contains(t, r.err, "SIGKILL")
+	pid, err := strconv.Atoi(strings.TrimSpace(readFile(t, grandchild)))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return !processRunning(pid) }, 5*time.Second, 10*time.Millisecond,
+		"the grandchild was not killed with the group")
+
+	code, out, errOut := run(t, "run", "job", "--wait", "--timeout", "20s", "--database-url", db.URL, "--", "sh", "-c", `echo $PGFENCE_TOKEN`)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	second, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	require.NoError(t, err)
+	first, err := strconv.ParseInt(strings.TrimSpace(string(firstTok)), 10, 64)
+	require.NoError(t, err)
+	require.Greater(t, second, first)
+	proxy.Thaw()
+}
+
+// processRunning reports whether pid is a live process (not gone, not a
+// zombie waiting for its new parent to reap it).
+func processRunning(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}

@@ -1,0 +1,192 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// finding is one line of pgfence doctor.
+type finding struct {
+	Check  string `json:"check"`
+	Status string `json:"status"` // ok, warn, fail
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// The diagnostic queries of doctor: they read settings and catalogs only.
+const (
+	doctorServerSQL = `SELECT current_setting('server_version'), current_setting('server_version_num')::int,
+		pg_is_in_recovery(), current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+		has_database_privilege(current_database(), 'CREATE'), clock_timestamp()`
+	doctorPrivSQL = `SELECT has_schema_privilege('fence', 'USAGE'),
+		has_function_privilege('fence.acquire(text, text, interval)', 'EXECUTE'),
+		has_function_privilege('fence.check(text, bigint)', 'EXECUTE'),
+		has_function_privilege('fence.revoke(text)', 'EXECUTE')`
+	doctorSettingsSQL = `SELECT current_setting('synchronous_commit'),
+		current_setting('idle_in_transaction_session_timeout'),
+		(SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'async'),
+		(SELECT count(*) FROM pg_stat_replication)`
+)
+
+func newDoctorCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "doctor",
+		Short: "Check the connection, the kit, privileges and the settings fencing depends on",
+		Long: `doctor checks, each with a fix when something is off: the connection and
+server version; whether the kit's migrations are installed, at which version,
+and not dirty; the current role's privileges; synchronous_commit; whether
+asynchronous standbys exist (and what that means for tokens);
+idle_in_transaction_session_timeout; and the difference between this
+machine's clock and the server's. Exit code 1 when a check fails.`,
+		Example: `  pgfence doctor
+  pgfence doctor --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			var fs []finding
+			add := func(check, status, detail, fix string) {
+				fs = append(fs, finding{check, status, detail, fix})
+			}
+			pool, err := g.connect(ctx)
+			if err != nil {
+				add("connection", "fail", err.Error(), "start PostgreSQL or fix --database-url / DATABASE_URL / PG* variables")
+			} else {
+				defer pool.Close()
+				doctorChecks(ctx, pool, add)
+			}
+			failed := false
+			for _, f := range fs {
+				failed = failed || f.Status == "fail"
+			}
+			err = g.emit(fs, func(w io.Writer) error {
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				for _, f := range fs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", map[string]string{"ok": "ok", "warn": "WARN", "fail": "FAIL"}[f.Status], f.Check, f.Detail)
+					if f.Fix != "" {
+						fmt.Fprintf(tw, "\t\tfix: %s\n", f.Fix)
+					}
+				}
+				return tw.Flush()
+			})
+			if err != nil {
+				return err
+			}
+			if failed {
+				return exitError{ExitError, nil}
+			}
+			return nil
+		},
+	}
+}
+
+func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
+	var (
+		version           string
+		versionNum        int
+		inRecovery, super bool
+		user              string
+		canCreate         bool
+		serverNow         time.Time
+	)
+	sent := time.Now()
+	if err := pool.QueryRow(ctx, doctorServerSQL).Scan(&version, &versionNum, &inRecovery, &user, &super, &canCreate, &serverNow); err != nil {
+		add("connection", "fail", err.Error(), "check the role and database in the connection string")
+		return
+	}
+	rtt := time.Since(sent)
+	cfg := pool.Config().ConnConfig
+	add("connection", "ok", fmt.Sprintf("%s@%s:%d/%s, round trip %s", user, cfg.Host, cfg.Port, cfg.Database, rtt.Round(time.Microsecond)), "")
+	if versionNum < 130000 {
+		add("server version", "fail", "PostgreSQL "+version, "pgfence needs PostgreSQL 13 or newer")
+	} else {
+		add("server version", "ok", "PostgreSQL "+version, "")
+	}
+	if inRecovery {
+		add("writable", "fail", "the server is a standby in recovery: no grant can be made here", "point pgfence at the primary")
+	}
+
+	// Clock: expiry is decided by the server's clock alone; a large offset
+	// only makes "expires in" shown here differ from this machine's view.
+	offset := serverNow.Sub(sent.Add(rtt / 2))
+	if offset < 0 {
+		offset = -offset
+	}
+	if offset > time.Second {
+		add("clock", "warn", fmt.Sprintf("this machine's clock and the server's differ by %s", offset.Round(time.Millisecond)),
+			"run NTP on both; pgfence decides expiry by the server's clock only, so this is safe, but times shown here and in logs will disagree")
+	} else {
+		add("clock", "ok", fmt.Sprintf("this machine and the server agree within %s", offset.Round(time.Millisecond)), "")
+	}
+
+	v, dirty, err := gofence.MigrationVersion(ctx, pool)
+	switch {
+	case err != nil:
+		add("migrations", "fail", err.Error(), "check privileges on fence_schema_migrations")
+	case dirty:
+		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", v), "repair by hand, then pgfence migrate force VERSION")
+	case v == 0:
+		add("migrations", "fail", "schema fence is not installed", "pgfence migrate up (needs CREATE on the database)")
+	case v < migrations.Latest:
+		add("migrations", "warn", fmt.Sprintf("version %d installed, %d available", v, migrations.Latest), "pgfence migrate up")
+	default:
+		add("migrations", "ok", fmt.Sprintf("version %d, clean", v), "")
+	}
+
+	if v > 0 {
+		var usage, acquire, check, revoke bool
+		if err := pool.QueryRow(ctx, doctorPrivSQL).Scan(&usage, &acquire, &check, &revoke); err != nil {
+			add("privileges", "fail", err.Error(), "")
+		} else if !usage || !acquire || !check {
+			add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (schema usage %v, acquire %v, check %v)", user, usage, acquire, check),
+				fmt.Sprintf("as the kit's owner: SELECT fence.grant_usage('%s')", user))
+		} else {
+			detail := fmt.Sprintf("role %s can hold leases and write under tokens", user)
+			if revoke {
+				detail += ", and revoke"
+			}
+			if super {
+				detail += " (superuser)"
+			}
+			add("privileges", "ok", detail, "")
+		}
+	} else if !canCreate && !super {
+		add("privileges", "warn", fmt.Sprintf("role %s cannot create schemas in this database", user), "GRANT CREATE ON DATABASE ... TO the role that will run pgfence migrate up")
+	}
+
+	var syncCommit, idleTimeout string
+	var asyncStandbys, standbys int
+	if err := pool.QueryRow(ctx, doctorSettingsSQL).Scan(&syncCommit, &idleTimeout, &asyncStandbys, &standbys); err != nil {
+		add("settings", "fail", err.Error(), "")
+		return
+	}
+	if syncCommit == "off" {
+		add("synchronous_commit", "warn", "off for this role/database",
+			"grants and renewals force it on for their own transaction, so tokens stay safe; your own writes may be lost in a crash: consider 'on'")
+	} else {
+		add("synchronous_commit", "ok", syncCommit, "")
+	}
+	switch {
+	case asyncStandbys > 0:
+		add("standbys", "warn", fmt.Sprintf("%d asynchronous standby(s) of %d", asyncStandbys, standbys),
+			"tokens stay monotonic across a promotion (the epoch follows the WAL timeline), but writes acknowledged here and not yet replicated are lost at failover; use synchronous_standby_names for zero loss")
+	case standbys > 0:
+		add("standbys", "ok", fmt.Sprintf("%d synchronous standby(s)", standbys), "")
+	default:
+		add("standbys", "ok", "none seen from this role (pg_stat_replication)", "")
+	}
+	if idleTimeout == "0" {
+		add("idle_in_transaction_session_timeout", "warn", "0 (disabled)",
+			"a paused holder with an open guarded transaction makes grants wait (fence.grant_wait) and report busy until it ends; set it, e.g. ALTER DATABASE ... SET idle_in_transaction_session_timeout = '1min'")
+	} else {
+		add("idle_in_transaction_session_timeout", "ok", idleTimeout, "")
+	}
+}

@@ -1,0 +1,207 @@
+//go:build unix
+
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/gofence"
+)
+
+func newRunCmd(g *globals) *cobra.Command {
+	var (
+		ttl, timeout, grace time.Duration
+		holder              string
+		wait, exportURL     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run RESOURCE [flags] -- COMMAND [ARGS...]",
+		Short: "Run a command under a lease; stop it before the lease can pass to another holder",
+		Long: `run takes a lease on RESOURCE, keeps it alive, and runs COMMAND with
+PGFENCE_TOKEN, PGFENCE_RESOURCE and PGFENCE_HOLDER in its environment (and
+DATABASE_URL with --export-url), so that the command can write under the
+token. COMMAND runs in a process group of its own; signals sent to pgfence
+(INT, TERM, HUP, QUIT, USR1, USR2) are passed to the whole group.
+
+If the lease cannot be renewed, run sends SIGTERM to the group when less than
+--grace is left before the local trust deadline, and SIGKILL before the
+deadline itself, which comes before the server could grant the lease to
+anyone else. A shell wrapper cannot keep a grandchild alive: the whole group
+is signalled.
+
+Exit code: COMMAND's own (128+N when killed by signal N); 75 when the lease
+was not granted (COMMAND never started); 76 when the lease was lost and
+COMMAND was stopped.`,
+		Example: `  pgfence run nightly-report -- ./report.sh
+  pgfence run nightly-report --wait --timeout 10m --ttl 1m -- sh -c 'psql -c "..." '
+  pgfence run billing --export-url -- ./bill --token-from-env`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash != 1 {
+				return usageError{errors.New("usage: pgfence run RESOURCE [flags] -- COMMAND [ARGS...] (put -- before the command)")}
+			}
+			if timeout > 0 && !wait {
+				return usageError{errors.New("--timeout goes with --wait")}
+			}
+			cfg := gofence.Config{TTL: ttl, Holder: holder}
+			if grace <= 0 {
+				grace = min(5*time.Second, ttl/5)
+			}
+			if grace >= ttl/2 {
+				return usageError{fmt.Errorf("--grace %s must be under half the TTL (%s)", grace, ttl)}
+			}
+			return runUnderLease(cmd.Context(), g, cfg, args[0], args[1:], wait, timeout, grace, exportURL)
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "lease time to live; renewed every TTL/3 while the command runs")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the lease instead of exiting 75 when it is held")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long (exit 75)")
+	cmd.Flags().DurationVar(&grace, "grace", 0, "time between SIGTERM and SIGKILL on lease loss (default min(5s, TTL/5))")
+	cmd.Flags().StringVar(&holder, "holder", "", "holder name shown in status (default host/pid/random)")
+	cmd.Flags().BoolVar(&exportURL, "export-url", false, "also pass the connection URL to the command as DATABASE_URL")
+	return cmd
+}
+
+func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource string, argv []string,
+	wait bool, timeout, grace time.Duration, exportURL bool) error {
+	c, pool, err := g.client(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	// After a loss the database may not answer: closing the pool then waits
+	// for connections that cannot say goodbye (pgxpool gives them 15 s), so
+	// it is left to the background and the command's exit is not delayed.
+	closePool := pool.Close
+	defer func() { closePool() }()
+	defer c.Close()
+
+	var lease *gofence.Lease
+	if wait {
+		wctx := ctx
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		lease, err = c.Lock(wctx, resource)
+	} else {
+		lease, err = c.Acquire(ctx, resource)
+	}
+	if err != nil {
+		if errors.Is(err, gofence.ErrHeld) || errors.Is(err, context.DeadlineExceeded) {
+			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: %w", resource, argv[0], err)}
+		}
+		return exitError{ExitRunNotAcquired, err}
+	}
+
+	child := exec.Command(argv[0], argv[1:]...)
+	child.Env = append(os.Environ(),
+		"PGFENCE_TOKEN="+fmt.Sprint(lease.Token()),
+		"PGFENCE_RESOURCE="+resource,
+		"PGFENCE_HOLDER="+lease.Holder())
+	if exportURL {
+		child.Env = append(child.Env, "DATABASE_URL="+pool.Config().ConnString())
+	}
+	child.Stdin, child.Stdout, child.Stderr = os.Stdin, g.stdout, g.stderr
+	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := child.Start(); err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return exitError{ExitError, fmt.Errorf("starting %s: %w", argv[0], err)}
+	}
+	pgid := child.Process.Pid
+
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(signals)
+
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+
+	// The watchdog: SIGTERM when less than grace is left before the trust
+	// deadline (or at once when the lease is lost), SIGKILL when a quarter of
+	// grace is left, so the group is gone before the deadline, which itself
+	// comes before the server's expiry.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	var termAt time.Time
+	killed := false
+	stopping := false
+	var waitErr error
+loop:
+	for {
+		select {
+		case waitErr = <-exited:
+			break loop
+		case sig := <-signals:
+			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+		case <-ctx.Done():
+			if !stopping {
+				stopping = true
+				termAt = time.Now()
+				_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			}
+		case <-tick.C:
+			left := time.Until(lease.TrustDeadline())
+			lost := lease.Err() != nil
+			if termAt.IsZero() && (lost || left < grace) {
+				termAt = time.Now()
+				fmt.Fprintf(g.stderr, "pgfence: lease on %s is being lost (%s); sending SIGTERM to %s\n", resource, lossReason(lease, left), argv[0])
+				_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			}
+			if !termAt.IsZero() && !killed && !stopping && (left < grace/4 || time.Since(termAt) > grace*3/4) {
+				killed = true
+				fmt.Fprintf(g.stderr, "pgfence: %s did not stop; sending SIGKILL\n", argv[0])
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			}
+			if stopping && !killed && time.Since(termAt) > grace {
+				killed = true
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			}
+		}
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group outlives the command
+
+	code := 0
+	var exitErr *exec.ExitError
+	switch {
+	case waitErr == nil:
+	case errors.As(waitErr, &exitErr):
+		code = exitErr.ExitCode()
+		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	default:
+		return exitError{ExitError, fmt.Errorf("waiting for %s: %w", argv[0], waitErr)}
+	}
+
+	if !termAt.IsZero() && !stopping {
+		// Lost: do not wait on a database that may not answer.
+		closePool = func() { go pool.Close() }
+		return exitError{ExitRunLost, fmt.Errorf("lost the lease on %s; %s was stopped (exit %d)", resource, argv[0], code)}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := lease.Release(rctx); err != nil {
+		fmt.Fprintf(g.stderr, "pgfence: %v\n", err)
+	}
+	if code != 0 {
+		return exitError{code, nil}
+	}
+	return nil
+}
+
+func lossReason(l *gofence.Lease, left time.Duration) string {
+	if err := l.Err(); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("no renewal succeeded; %s left before the local trust deadline", left.Round(time.Millisecond))
+}
