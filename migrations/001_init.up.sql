@@ -319,8 +319,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
-    epoch  bigint := fence._epoch();
-    first_tok bigint := (epoch << 43) | 1;
+    epoch  bigint;
+    first_tok bigint;
     prev_timeout text := pg_catalog.current_setting('lock_timeout');
     wait_setting text := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
     wait_ms      bigint;
@@ -329,6 +329,17 @@ DECLARE
     l      fence.lease;
     t      bigint;
 BEGIN
+    IF NOT force THEN
+        -- Fast path without a lock: a live lease answers NULL at once, so
+        -- waiters that poll never queue behind the holder's writers or
+        -- renewals, and pay for nothing else.
+        SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
+        IF FOUND AND fence._live(l, pg_catalog.clock_timestamp()) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    epoch := fence._epoch();
+    first_tok := (epoch << 43) | 1;
     BEGIN
         wait_ms := pg_catalog.ceil(pg_catalog.date_part('epoch', wait_setting::interval) * 1000)::bigint;
     EXCEPTION WHEN data_exception THEN  -- not an interval, or out of range ('infinity')
@@ -433,20 +444,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
-DECLARE
-    now timestamptz := pg_catalog.clock_timestamp();
-    l   fence.lease;
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
-    ttl := fence._check_ttl(ttl);
-    -- Fast path without a row lock: a live lease answers NULL at once, so
-    -- waiters that poll never queue behind the holder's writers or renewals.
-    SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
-    IF FOUND AND fence._live(l, now) THEN
-        RETURN NULL;
-    END IF;
-    RETURN fence._grant(resource, holder, 'ttl', ttl, false);
+    RETURN fence._grant(resource, holder, 'ttl', fence._check_ttl(ttl), false);
 END
 $$;
 COMMENT ON FUNCTION fence.acquire(text, text, interval) IS
@@ -457,16 +458,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
-DECLARE
-    now timestamptz := pg_catalog.clock_timestamp();
-    l   fence.lease;
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
-    SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
-    IF FOUND AND fence._live(l, now) THEN
-        RETURN NULL;
-    END IF;
     RETURN fence._grant(resource, holder, 'session', NULL, false);
 END
 $$;
@@ -623,6 +617,24 @@ $$;
 COMMENT ON FUNCTION fence.use_token(text, bigint) IS
     'fence.check, then remembers the token for the rest of the transaction for guarded tables without a token column';
 
+-- The token that fence.use_token registered for res in this transaction, or
+-- FN002 naming the statement and table that needed it.
+CREATE FUNCTION fence._registered_token(res text, op text, tbl text) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tok bigint := (nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb ->> res)::bigint;
+BEGIN
+    IF tok IS NULL THEN
+        RAISE EXCEPTION 'pgfence: no fencing token for % on protected table %', op, tbl
+            USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
+                  HINT = format('call fence.use_token(%L, token) earlier in this transaction', res);
+    END IF;
+    RETURN tok;
+END
+$$;
+
 -- Row guard (AFTER INSERT OR UPDATE OR DELETE, FOR EACH ROW). TG_ARGV:
 -- resource, and the token column when the table has one. INSERT and UPDATE
 -- of a table with a token column take the token from the row; everything
@@ -667,12 +679,7 @@ BEGIN
             END IF;
         END IF;
     ELSE
-        tok := (nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb ->> res)::bigint;
-        IF tok IS NULL THEN
-            RAISE EXCEPTION 'pgfence: no fencing token for % on protected table %.%', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
-                USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
-                      HINT = format('call fence.use_token(%L, token) earlier in this transaction', res);
-        END IF;
+        tok := fence._registered_token(res, TG_OP, format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME));
     END IF;
     PERFORM fence.check(res, tok);
     RETURN NULL;
@@ -685,16 +692,8 @@ CREATE FUNCTION fence._guard_stmt() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    res text := TG_ARGV[0];
-    tok bigint := (nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb ->> res)::bigint;
 BEGIN
-    IF tok IS NULL THEN
-        RAISE EXCEPTION 'pgfence: no fencing token for % on protected table %.%', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = 'FN002', DETAIL = format('resource=%s token=NULL', res),
-                  HINT = format('call fence.use_token(%L, token) earlier in this transaction', res);
-    END IF;
-    PERFORM fence.check(res, tok);
+    PERFORM fence.check(TG_ARGV[0], fence._registered_token(TG_ARGV[0], TG_OP, format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME)));
     RETURN NULL;
 END
 $$;
@@ -925,7 +924,8 @@ COMMENT ON FUNCTION fence.version() IS 'the migration version of the installed p
 -- tokens; with operator, also fence.revoke. Of the internal functions it
 -- grants only what runs with the caller's rights: the guard trigger functions
 -- (CREATE TRIGGER in fence.protect needs EXECUTE on them; they cannot be
--- called directly), fence._check_name (argument checks), fence._lease_key (a
+-- called directly) and what they call (fence._registered_token, which reads
+-- the setting fence.use_token wrote), fence._check_name (argument checks), fence._lease_key (a
 -- hash, used by the fence.leases view) and fence._trigger_arg (used by the
 -- fence.protected view), which have no side effects. Run by the kit's owner (the role
 -- that applied the migrations) or a superuser.
@@ -946,7 +946,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval), fence.acquire_session(text, text),
         fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
         fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
-        fence._guard_row(), fence._guard_stmt(), fence._check_name(text, text), fence._lease_key(text, bigint), fence._trigger_arg(bytea, integer),
+        fence._guard_row(), fence._guard_stmt(), fence._registered_token(text, text, text), fence._check_name(text, text), fence._lease_key(text, bigint), fence._trigger_arg(bytea, integer),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
         fence.try_xact_lock(text), fence.version() TO %I', role);
     IF operator THEN

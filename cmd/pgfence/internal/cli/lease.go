@@ -50,20 +50,9 @@ Exit code 3 when another live lease holds the resource (without --wait).`,
 			}
 			defer pool.Close()
 			defer c.Close()
-			var l *gofence.Lease
-			if wait {
-				wctx := ctx
-				if timeout > 0 {
-					var cancel context.CancelFunc
-					wctx, cancel = context.WithTimeout(ctx, timeout)
-					defer cancel()
-				}
-				l, err = c.Lock(wctx, args[0])
-				if errors.Is(err, context.DeadlineExceeded) {
-					return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s", args[0], timeout)}
-				}
-			} else {
-				l, err = c.Acquire(ctx, args[0])
+			l, err := takeLease(ctx, c, args[0], wait, timeout)
+			if errors.Is(err, context.DeadlineExceeded) {
+				return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s", args[0], timeout)}
 			}
 			if errors.Is(err, gofence.ErrHeld) {
 				return exitError{ExitHeld, fmt.Errorf("%w (or pass --wait)", err)}
@@ -86,6 +75,20 @@ Exit code 3 when another live lease holds the resource (without --wait).`,
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the lease is granted")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long (exit 3)")
 	return cmd
+}
+
+// takeLease tries once, or with wait waits (giving up after timeout when it
+// is positive, with an error matching context.DeadlineExceeded).
+func takeLease(ctx context.Context, c *gofence.Client, resource string, wait bool, timeout time.Duration) (*gofence.Lease, error) {
+	if !wait {
+		return c.Acquire(ctx, resource)
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	return c.Lock(ctx, resource)
 }
 
 // tokenFlag reads --token, which renew and release require.

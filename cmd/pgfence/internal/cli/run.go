@@ -84,18 +84,7 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	defer func() { closePool() }()
 	defer c.Close()
 
-	var lease *gofence.Lease
-	if wait {
-		wctx := ctx
-		if timeout > 0 {
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(ctx, timeout)
-			defer cancel()
-		}
-		lease, err = c.Lock(wctx, resource)
-	} else {
-		lease, err = c.Acquire(ctx, resource)
-	}
+	lease, err := takeLease(ctx, c, resource, wait, timeout)
 	if err != nil {
 		if errors.Is(err, gofence.ErrHeld) || errors.Is(err, context.DeadlineExceeded) {
 			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: %w", resource, argv[0], err)}
