@@ -1,0 +1,268 @@
+package cli
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// The charts of pgfence bench: plain SVG written by this file, so that
+// docs/benchmarks.md shows what the command measured without any tool.
+
+type chartSeries struct {
+	name   string
+	xs, ys []float64
+	dashed bool
+}
+
+type chartAxis struct {
+	label string
+	log   bool      // logarithmic
+	ticks []float64 // where to put ticks; nil for automatic
+}
+
+var chartColors = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"}
+
+// writeCharts writes the client-scaling and the handoff chart into dir, for
+// the scenarios that ran, and returns the files written.
+func writeCharts(dir string, r *benchReport) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var files []string
+	write := func(name, svg string) error {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(svg), 0o644); err != nil {
+			return err
+		}
+		files = append(files, p)
+		return nil
+	}
+	for _, s := range r.Scenarios {
+		switch s.Name {
+		case "scaling":
+			if svg := scalingChart(s, r); svg != "" {
+				if err := write("bench-client-scaling.svg", svg); err != nil {
+					return files, err
+				}
+			}
+		case "handoff":
+			if svg := handoffChart(s, r); svg != "" {
+				if err := write("bench-handoff.svg", svg); err != nil {
+					return files, err
+				}
+			}
+		}
+	}
+	return files, nil
+}
+
+func scalingChart(s *scenarioResult, r *benchReport) string {
+	var grant, hand, guarded, plain chartSeries
+	grant.name, hand.name = "grant: gofence Acquire+Release", "grant: hand-written upsert+update"
+	guarded.name, plain.name = "UPDATE protected (token column)", "UPDATE unprotected"
+	hand.dashed, plain.dashed = true, true
+	var ticks []float64
+	for i, c := range s.Comparisons {
+		x := float64(c.Clients)
+		if i%2 == 0 {
+			ticks = append(ticks, x)
+			grant.xs, grant.ys = append(grant.xs, x), append(grant.ys, c.AOps.Median)
+			hand.xs, hand.ys = append(hand.xs, x), append(hand.ys, c.BOps.Median)
+		} else {
+			guarded.xs, guarded.ys = append(guarded.xs, x), append(guarded.ys, c.AOps.Median)
+			plain.xs, plain.ys = append(plain.xs, x), append(plain.ys, c.BOps.Median)
+		}
+	}
+	if len(ticks) == 0 {
+		return ""
+	}
+	title := fmt.Sprintf("Client scaling: median throughput over %d rounds of %s (%d CPUs, %s)",
+		r.Settings.Rounds, r.Settings.Duration, r.Machine.CPUs, shortVersion(r.Machine.PostgreSQL))
+	return lineChart(title,
+		chartAxis{label: "clients", log: len(ticks) > 1, ticks: ticks},
+		chartAxis{label: "operations per second"},
+		[]chartSeries{grant, hand, guarded, plain})
+}
+
+func handoffChart(s *scenarioResult, r *benchReport) string {
+	var series []chartSeries
+	for _, l := range s.Latencies {
+		if l.N == 0 {
+			continue
+		}
+		cs := chartSeries{name: fmt.Sprintf("%s (n=%d)", l.Name, l.N)}
+		// A CDF, thinned to at most 200 points.
+		step := max(1, len(l.Samples)/200)
+		for i := 0; i < len(l.Samples); i += step {
+			cs.xs = append(cs.xs, max(l.Samples[i], 0.001))
+			cs.ys = append(cs.ys, float64(i+1)/float64(len(l.Samples)))
+		}
+		cs.xs = append(cs.xs, max(l.Samples[len(l.Samples)-1], 0.001))
+		cs.ys = append(cs.ys, 1)
+		series = append(series, cs)
+	}
+	if len(series) == 0 {
+		return ""
+	}
+	title := fmt.Sprintf("Lock handoff: release to next grant, %s waiters (%d CPUs, %s)",
+		strconv.Itoa(r.Settings.Waiters), r.Machine.CPUs, shortVersion(r.Machine.PostgreSQL))
+	return lineChart(title,
+		chartAxis{label: "milliseconds (log scale)", log: true},
+		chartAxis{label: "fraction of samples at or below", ticks: []float64{0, 0.25, 0.5, 0.75, 0.9, 0.99, 1}},
+		series)
+}
+
+// shortVersion turns "PostgreSQL 15.2 (Debian ...) on ..." into "PostgreSQL 15.2".
+func shortVersion(v string) string {
+	f := strings.Fields(v)
+	if len(f) >= 2 {
+		return f[0] + " " + f[1]
+	}
+	return v
+}
+
+// lineChart draws series as lines with markers on one plot.
+func lineChart(title string, xa, ya chartAxis, series []chartSeries) string {
+	const (
+		w, h                     = 860, 460
+		left, right, top, bottom = 80, 290, 50, 55
+	)
+	pw, ph := float64(w-left-right), float64(h-top-bottom)
+	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	for _, s := range series {
+		for i := range s.xs {
+			xmin, xmax = math.Min(xmin, s.xs[i]), math.Max(xmax, s.xs[i])
+			ymin, ymax = math.Min(ymin, s.ys[i]), math.Max(ymax, s.ys[i])
+		}
+	}
+	xt := xa.ticks
+	if xa.log {
+		if xt == nil {
+			xt = decadeTicks(xmin, xmax)
+		}
+		xmin, xmax = math.Min(xmin, xt[0]), math.Max(xmax, xt[len(xt)-1])
+	} else if xt == nil {
+		xmin = 0
+		xt = niceTicks(xmax)
+		xmax = xt[len(xt)-1]
+	}
+	yt := ya.ticks
+	if yt == nil {
+		ymin = 0
+		yt = niceTicks(ymax)
+		ymax = yt[len(yt)-1]
+	} else {
+		ymin, ymax = math.Min(ymin, yt[0]), math.Max(ymax, yt[len(yt)-1])
+	}
+	if xmax == xmin {
+		xmax = xmin + 1
+	}
+	if ymax == ymin {
+		ymax = ymin + 1
+	}
+	px := func(x float64) float64 {
+		if xa.log {
+			return float64(left) + pw*(math.Log(x)-math.Log(xmin))/(math.Log(xmax)-math.Log(xmin))
+		}
+		return float64(left) + pw*(x-xmin)/(xmax-xmin)
+	}
+	py := func(y float64) float64 { return float64(top) + ph*(1-(y-ymin)/(ymax-ymin)) }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
+	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
+	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="14" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+	for _, x := range xt {
+		X := px(x)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", X, top, X, h-bottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", X, h-bottom+16, tickLabel(x))
+	}
+	for _, y := range yt {
+		Y := py(y)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, Y, w-right, Y)
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, Y+4, tickLabel(y))
+	}
+	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+pw/2, h-12, html.EscapeString(xa.label))
+	fmt.Fprintf(&b, `<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", float64(top)+ph/2, html.EscapeString(ya.label))
+	for i, s := range series {
+		color := chartColors[i%len(chartColors)]
+		dash := ""
+		if s.dashed {
+			dash = ` stroke-dasharray="6 4"`
+		}
+		var pts []string
+		for j := range s.xs {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(s.xs[j]), py(s.ys[j])))
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", color, dash, strings.Join(pts, " "))
+		if len(s.xs) <= 20 {
+			for j := range s.xs {
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", px(s.xs[j]), py(s.ys[j]), color)
+			}
+		}
+		ly := top + 10 + 22*i
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", w-right+12, ly, w-right+36, ly, color, dash)
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", w-right+42, ly+4, html.EscapeString(s.name))
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// niceTicks gives 0 and about five round steps up to at least top.
+func niceTicks(top float64) []float64 {
+	if top <= 0 {
+		return []float64{0, 1}
+	}
+	raw := top / 5
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	var t []float64
+	for v := 0.0; v < top+step; v += step {
+		t = append(t, v)
+		if v >= top {
+			break
+		}
+	}
+	return t
+}
+
+// decadeTicks gives 1, 2, 5 times powers of ten around [lo, hi].
+func decadeTicks(lo, hi float64) []float64 {
+	lo = math.Max(lo, 1e-3)
+	var t []float64
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v >= lo/2 && v <= hi*2 {
+				t = append(t, v)
+			}
+		}
+	}
+	if len(t) == 0 {
+		t = []float64{lo, hi}
+	}
+	return t
+}
+
+func tickLabel(v float64) string {
+	switch {
+	case v >= 10000:
+		return strconv.FormatFloat(v/1000, 'f', -1, 64) + "k"
+	case v == math.Trunc(v):
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	default:
+		return strconv.FormatFloat(v, 'g', 3, 64)
+	}
+}
