@@ -68,7 +68,6 @@ COMMENT ON TABLE fence.epoch_state IS 'pgfence internal: where token epochs stan
 -- made anyway.
 CREATE FUNCTION fence._timeline() RETURNS bigint
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ('x' || lpad(substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint
 $$;
@@ -96,8 +95,7 @@ $$;
 -- state, so two servers that diverge from the same state (a primary and its
 -- standby) compute the same base and differ by their timelines.
 CREATE FUNCTION fence._epoch() RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     sysid bigint := (pg_catalog.pg_control_system()).system_identifier;
@@ -142,7 +140,6 @@ $$;
 -- names) are 1 to 255 characters.
 CREATE FUNCTION fence._check_name(what text, v text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF v IS NULL THEN
@@ -165,7 +162,6 @@ $$;
 -- past it, and daylight-saving changes cannot stretch a day.
 CREATE FUNCTION fence._check_ttl(ttl interval) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     secs double precision := pg_catalog.date_part('epoch', ttl);
@@ -183,7 +179,6 @@ $$;
 
 CREATE FUNCTION fence._check_token(token bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF token IS NULL THEN
@@ -196,18 +191,22 @@ BEGIN
 END
 $$;
 
--- The advisory-lock key of one session lease: the first 8 bytes of
--- sha256(resource as UTF-8 || token as 8 big-endian bytes), moved into
--- [2^62, 2^63). Bound to the token, not only the resource: a lock left behind
--- (by a rolled-back acquire_session, or by a holder whose lease was revoked)
--- belongs to a token that is no longer the latest and blocks nothing.
+-- The advisory-lock key of one session lease: hashtextextended(resource,
+-- token) moved into [2^62, 2^63). Bound to the token, not only the resource:
+-- a lock left behind (by a rolled-back acquire_session, or by a holder whose
+-- lease was revoked) belongs to a token that is no longer the latest and
+-- blocks nothing. (The key only has to agree within one running server, so
+-- PostgreSQL's own fast hash is fine here; fence.lock_key, which programs
+-- compute on their side, uses sha256.)
+--
+-- Internal helpers like this one carry no SET search_path: they are called
+-- from functions that pin it, and every name in them is schema-qualified
+-- (operators too), so they can be inlined and cost no setting changes.
 CREATE FUNCTION fence._lease_key(resource text, token bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT (('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-                pg_catalog.convert_to(resource, 'UTF8') || pg_catalog.int8send(token)), 1, 8), 'hex'))::bit(64)::bigint
-            & 4611686018427387903) | 4611686018427387904
+    SELECT (pg_catalog.hashtextextended(resource, token) OPERATOR(pg_catalog.&) 4611686018427387903)
+           OPERATOR(pg_catalog.|) 4611686018427387904
 $$;
 
 -- The key of a resource's gate, in [2^61, 2^62): fence.check takes it shared
@@ -216,17 +215,15 @@ $$;
 -- [2^62, 2^63), fence.lock_key negative: they never collide.
 CREATE FUNCTION fence._gate_key(resource text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT (('x' || pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint
-            & 2305843009213693951) | 2305843009213693952
+    SELECT (pg_catalog.hashtextextended(resource, 0) OPERATOR(pg_catalog.&) 2305843009213693951)
+           OPERATOR(pg_catalog.|) 2305843009213693952
 $$;
 
 -- Whether this session holds the advisory lock of key k (pg_locks is readable
 -- by every role, unlike other roles' rows of pg_stat_activity).
 CREATE FUNCTION fence._holds_lease_key(k bigint) RETURNS boolean
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (
         SELECT 1 FROM pg_catalog.pg_locks x
@@ -241,8 +238,7 @@ $$;
 -- the lease's key at transaction level succeeds exactly when no session holds
 -- it any more.
 CREATE FUNCTION fence._session_alive(l fence.lease) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     k bigint := fence._lease_key(l.resource, l.token);
@@ -256,8 +252,7 @@ $$;
 
 -- Whether a lease row is live at server time now.
 CREATE FUNCTION fence._live(l fence.lease, now timestamptz) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF l.ended_at IS NOT NULL THEN
@@ -314,8 +309,7 @@ $$;
 -- caller turned it off (here, and again at commit by the deferred trigger
 -- lease_durable), so a grant that returned survives a crash.
 CREATE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -418,7 +412,6 @@ $$;
 -- renewal asynchronous: a crash must never lose a token that was handed out.
 CREATE FUNCTION fence._durable() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
@@ -432,7 +425,6 @@ CREATE CONSTRAINT TRIGGER lease_durable AFTER INSERT OR UPDATE ON fence.lease
 
 CREATE FUNCTION fence._notify_free(resource text) RETURNS void
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_catalog.pg_notify('fence_release', resource) $$;
 
 -- ---------------------------------------------------------------------------
@@ -621,7 +613,6 @@ COMMENT ON FUNCTION fence.use_token(text, bigint) IS
 -- FN002 naming the statement and table that needed it.
 CREATE FUNCTION fence._registered_token(res text, op text, tbl text) RETURNS bigint
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     tok bigint := (nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb ->> res)::bigint;
@@ -701,7 +692,6 @@ $$;
 -- Splits trigger arguments (pg_trigger.tgargs: NUL-terminated strings).
 CREATE FUNCTION fence._trigger_arg(args bytea, n integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     i integer := 0;
@@ -746,6 +736,10 @@ BEGIN
     IF c.relkind IS NULL THEN
         RAISE EXCEPTION 'pgfence: there is no table with OID %', tbl::oid
             USING ERRCODE = '42P01', HINT = 'pass the name of an existing table';
+    END IF;
+    IF c.nspname = 'fence' THEN
+        RAISE EXCEPTION 'pgfence: % belongs to the kit itself and cannot be protected', tbl
+            USING ERRCODE = '42809', HINT = 'protect your application''s tables';
     END IF;
     IF c.relkind <> 'r' THEN
         RAISE EXCEPTION 'pgfence: % is not an ordinary table', tbl

@@ -236,9 +236,12 @@ func TestApplicationRolePrivileges(t *testing.T) {
 	})
 }
 
-// TestEveryFunctionPinsSearchPath reads the catalog: every function of the
-// kit, SECURITY DEFINER or not, runs with search_path pinned to pg_catalog
-// and pg_temp (last), and nothing is executable by PUBLIC.
+// TestEveryFunctionPinsSearchPath reads the catalog: every entry point of
+// the kit (every function without a leading underscore, every trigger
+// function, every SECURITY DEFINER function) runs with search_path pinned to
+// pg_catalog and pg_temp (last); internal helpers are never SECURITY
+// DEFINER (they run inside a pinned entry point and qualify every name);
+// and nothing is executable by PUBLIC.
 func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -246,11 +249,20 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		SELECT p.oid::regprocedure::text
 		  FROM pg_proc p
 		 WHERE p.pronamespace = 'fence'::regnamespace
+		   AND (p.proname NOT LIKE '\_%' OR p.prosecdef OR (p.prorettype = 'trigger'::regtype AND p.proname LIKE '\_guard%'))
 		   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)`)
 	require.NoError(t, err)
 	unpinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Empty(t, unpinned, "functions without a pinned search_path")
+	require.Empty(t, unpinned, "entry points without a pinned search_path")
+
+	rows, err = b.db.Pool.Query(b.ctx, `
+		SELECT p.oid::regprocedure::text FROM pg_proc p
+		 WHERE p.pronamespace = 'fence'::regnamespace AND p.proname LIKE '\_%' AND p.prosecdef`)
+	require.NoError(t, err)
+	definers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, definers, "internal helpers must not be SECURITY DEFINER")
 
 	rows, err = b.db.Pool.Query(b.ctx, `
 		SELECT p.oid::regprocedure::text
@@ -262,8 +274,8 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, public, "functions executable by PUBLIC")
 
-	var definers int
+	var entryDefiners int
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
-		`SELECT count(*) FROM pg_proc WHERE pronamespace = 'fence'::regnamespace AND prosecdef`).Scan(&definers))
-	require.Positive(t, definers)
+		`SELECT count(*) FROM pg_proc WHERE pronamespace = 'fence'::regnamespace AND prosecdef`).Scan(&entryDefiners))
+	require.Positive(t, entryDefiners)
 }

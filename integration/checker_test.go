@@ -1,0 +1,411 @@
+package integration
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The history checker. It judges a run of the randomized workload
+// (history_test.go) from two sources:
+//
+//   - the client history: every operation a worker or the fault injector
+//     issued, with the outcome the client saw (ok, no grant, refused with a
+//     SQLSTATE, or lost: the connection died or timed out, so the outcome is
+//     unknown);
+//   - the database state after the run: the workload wraps every grant,
+//     renewal, release and guarded write in a transaction that also appends
+//     a row to a log table of the run, with nextval of one sequence as its
+//     last step. That row commits exactly when the operation commits, so the
+//     logs are the complete list of committed operations, also those whose
+//     reply the client never got, and the sequence gives their commit order
+//     where it matters (see orderArgument).
+//
+// orderArgument: a guarded write under token T takes its sequence number
+// while it still holds the resource's gate (shared) and lease row (KEY
+// SHARE), from its first guarded statement until it commits. A grant of T2
+// > T takes its number after it got the gate (exclusive) and the row (FOR
+// UPDATE). If the guards work, the grant either waited for the write to
+// commit (write number < grant number) or came first and the write failed.
+// So a committed write under T numbered after a grant of a larger token is a
+// violation of guarantee 3. Sequence numbers of committed transactions
+// survive a crash in order: nextval is WAL-logged before the commit record
+// that is flushed.
+
+// grantRec is one committed grant: fence.acquire ("acquire") or
+// fence.revoke ("revoke"), with the lease row as read in the granting
+// transaction (server clock).
+type grantRec struct {
+	res                   string
+	tok                   int64
+	kind                  string
+	worker                int
+	acquiredAt, expiresAt time.Time // expiresAt is zero for a revoke
+	seq                   int64
+}
+
+// renewRec is one committed fence.renew that returned a new expiry.
+type renewRec struct {
+	res       string
+	tok       int64
+	expiresAt time.Time
+	seq       int64
+}
+
+// endRec is one committed fence.release that returned true, with the
+// lease's ended_at.
+type endRec struct {
+	res     string
+	tok     int64
+	endedAt time.Time
+	seq     int64
+}
+
+// txRec is one committed guarded transaction: its log row and the number of
+// guarded rows found in the protected tables under its txid.
+type txRec struct {
+	txid  int64
+	res   string
+	tok   int64
+	nrows int   // rows the transaction wrote, by its own count
+	rows  int   // rows found
+	seq   int64 // its commit-order number
+}
+
+// dbState is what the database holds after a run.
+type dbState struct {
+	grants []grantRec
+	renews []renewRec
+	ends   []endRec
+	txs    map[int64]txRec
+	// orphans counts guarded rows per txid that has no log row: parts of a
+	// transaction that did not commit as a whole.
+	orphans map[int64]int
+	// final is the token of every resource in fence.leases at the end.
+	final map[string]int64
+}
+
+// Kinds of client operations.
+const (
+	opAcquire = "acquire"
+	opRevoke  = "revoke"
+	opRenew   = "renew"
+	opRelease = "release"
+	opWrite   = "write"
+)
+
+// Outcomes the client saw.
+const (
+	outOK      = "ok"      // the call (and its transaction) returned success
+	outNone    = "none"    // the function answered NULL or false: no grant, not renewed, not released
+	outRefused = "refused" // PostgreSQL raised an error; the transaction rolled back
+	outLost    = "lost"    // connection error or timeout: the outcome is unknown
+)
+
+// event is one client operation.
+type event struct {
+	worker int // -1: the fault injector (operator revokes)
+	kind   string
+	res    string
+	tok    int64
+	txid   int64 // writes only
+	out    string
+	code   string // SQLSTATE when refused
+	err    string
+	// midTx: a write refused after some of its statements had succeeded
+	// (the lease was lost while the transaction was open).
+	midTx bool
+}
+
+// checkResult is what the checker found.
+type checkResult struct {
+	violations []string
+	// staleRefused counts writes refused with FN001, staleCommitted writes
+	// under a token that a larger grant preceded (each is a violation).
+	staleRefused, staleCommitted int
+	exclusionPairs               int // pairs of consecutive leases compared by the server clock
+}
+
+// checkHistory runs every check and returns the violations it found.
+func checkHistory(events []event, st dbState) checkResult {
+	var r checkResult
+	fail := func(format string, args ...any) {
+		r.violations = append(r.violations, fmt.Sprintf(format, args...))
+	}
+
+	byRes := map[string][]grantRec{}
+	for _, g := range st.grants {
+		byRes[g.res] = append(byRes[g.res], g)
+	}
+
+	// Guarantee 1: in commit order, tokens of a resource strictly increase;
+	// no token is granted twice.
+	for res, gs := range byRes {
+		slices.SortFunc(gs, func(a, b grantRec) int { return cmp.Compare(a.seq, b.seq) })
+		seen := map[int64]int{}
+		for i, g := range gs {
+			if g.tok <= 0 {
+				fail("%s: grant #%d has non-positive token %d", res, g.seq, g.tok)
+			}
+			if j, dup := seen[g.tok]; dup {
+				fail("%s: token %d granted twice (grants #%d and #%d)", res, g.tok, gs[j].seq, g.seq)
+			}
+			seen[g.tok] = i
+			if i > 0 && g.tok <= gs[i-1].tok {
+				fail("%s: grant #%d (token %d) follows grant #%d (token %d) in commit order but is not larger",
+					res, g.seq, g.tok, gs[i-1].seq, gs[i-1].tok)
+			}
+		}
+		if last := gs[len(gs)-1]; st.final != nil && st.final[res] != last.tok {
+			fail("%s: fence.leases holds token %d, the last committed grant was %d", res, st.final[res], last.tok)
+		}
+	}
+
+	granted := func(res string, tok int64) (grantRec, bool) {
+		for _, g := range byRes[res] {
+			if g.tok == tok {
+				return g, true
+			}
+		}
+		return grantRec{}, false
+	}
+	// firstAbove returns the first grant of res (in commit order) with a
+	// token larger than tok; tokens increase in that order (checked above).
+	firstAbove := func(res string, tok int64) (grantRec, bool) {
+		for _, g := range byRes[res] {
+			if g.tok > tok {
+				return g, true
+			}
+		}
+		return grantRec{}, false
+	}
+
+	// Guarantee 2 and 3: no committed guarded write under T after a grant of
+	// a larger token; every write carries a granted token; transactions
+	// commit whole.
+	txids := slices.Sorted(func(yield func(int64) bool) {
+		for id := range st.txs {
+			if !yield(id) {
+				return
+			}
+		}
+	})
+	for _, id := range txids {
+		tx := st.txs[id]
+		if _, ok := granted(tx.res, tx.tok); !ok {
+			fail("%s: transaction %d committed under token %d, which was never granted", tx.res, id, tx.tok)
+		}
+		if g, ok := firstAbove(tx.res, tx.tok); ok && g.seq < tx.seq {
+			r.staleCommitted++
+			fail("%s: transaction %d under token %d committed (#%d) after the grant of token %d (#%d)",
+				tx.res, id, tx.tok, tx.seq, g.tok, g.seq)
+		}
+		if tx.rows != tx.nrows {
+			fail("%s: transaction %d wrote %d guarded rows, %d are in the tables", tx.res, id, tx.nrows, tx.rows)
+		}
+	}
+	for id, n := range st.orphans {
+		fail("transaction %d did not commit, yet %d of its guarded rows are in the tables", id, n)
+	}
+
+	// The client's view against the database's.
+	for _, e := range events {
+		switch e.kind {
+		case opAcquire, opRevoke:
+			if e.out == outOK {
+				if g, ok := granted(e.res, e.tok); !ok || g.kind != e.kind {
+					fail("%s: %s returned token %d to worker %d, but no such committed grant exists", e.res, e.kind, e.tok, e.worker)
+				}
+			}
+		case opWrite:
+			tx, committed := st.txs[e.txid]
+			switch e.out {
+			case outOK:
+				if !committed {
+					fail("%s: worker %d saw transaction %d (token %d) commit, but it is not in the database", e.res, e.worker, e.txid, e.tok)
+				}
+			case outRefused:
+				if e.code == "FN001" {
+					r.staleRefused++
+				}
+				if committed {
+					fail("%s: transaction %d (token %d) was refused with %s, but it is in the database (%d rows)", e.res, e.txid, e.tok, e.code, tx.rows)
+				}
+			}
+		}
+	}
+
+	// Renewals and releases act on the latest grant only: their numbers lie
+	// between the grant of their token and the next grant.
+	inLease := func(what, res string, tok, seq int64) {
+		g, ok := granted(res, tok)
+		if !ok {
+			fail("%s: %s of token %d, which was never granted", res, what, tok)
+			return
+		}
+		if g.kind != opAcquire {
+			fail("%s: %s of token %d, which is a %s", res, what, tok, g.kind)
+		}
+		if seq < g.seq {
+			fail("%s: %s of token %d (#%d) before its grant (#%d)", res, what, tok, seq, g.seq)
+		}
+		if n, ok := firstAbove(res, tok); ok && seq > n.seq {
+			fail("%s: %s of token %d (#%d) after the grant of token %d (#%d)", res, what, tok, seq, n.tok, n.seq)
+		}
+	}
+	expiry := map[string]map[int64]time.Time{} // latest expiry of each lease, renewals included
+	ended := map[string]map[int64]time.Time{}
+	for _, g := range st.grants {
+		if expiry[g.res] == nil {
+			expiry[g.res], ended[g.res] = map[int64]time.Time{}, map[int64]time.Time{}
+		}
+		expiry[g.res][g.tok] = g.expiresAt
+	}
+	for _, rn := range st.renews {
+		inLease("renewal", rn.res, rn.tok, rn.seq)
+		if m := expiry[rn.res]; m != nil && rn.expiresAt.After(m[rn.tok]) {
+			m[rn.tok] = rn.expiresAt
+		}
+	}
+	for _, en := range st.ends {
+		inLease("release", en.res, en.tok, en.seq)
+		if m := ended[en.res]; m != nil {
+			if prev, dup := m[en.tok]; dup {
+				fail("%s: lease %d released twice (at %s and %s)", en.res, en.tok, prev.Format(time.RFC3339Nano), en.endedAt.Format(time.RFC3339Nano))
+			}
+			m[en.tok] = en.endedAt
+		}
+	}
+
+	// Guarantee 4: by the server's clock, a lease (acquire) lives from its
+	// acquired_at until the earlier of its last expiry and its release. A
+	// revoke ends the lease before it on purpose and starts none. So for two
+	// consecutive grants that are both acquires, the second one's acquired_at
+	// must not be before the end of the first.
+	for res, gs := range byRes {
+		sorted := slices.Clone(gs)
+		slices.SortFunc(sorted, func(a, b grantRec) int { return cmp.Compare(a.tok, b.tok) })
+		for i := 1; i < len(sorted); i++ {
+			a, b := sorted[i-1], sorted[i]
+			if b.acquiredAt.Before(a.acquiredAt) {
+				fail("%s: token %d acquired at %s, before token %d (%s)", res, b.tok, ts(b.acquiredAt), a.tok, ts(a.acquiredAt))
+			}
+			if a.kind != opAcquire || b.kind != opAcquire {
+				continue
+			}
+			r.exclusionPairs++
+			end := expiry[res][a.tok]
+			if e, ok := ended[res][a.tok]; ok && e.Before(end) {
+				end = e
+			}
+			if b.acquiredAt.Before(end) {
+				fail("%s: leases %d and %d were both live from %s to %s (server clock)", res, a.tok, b.tok, ts(b.acquiredAt), ts(end))
+			}
+		}
+	}
+	return r
+}
+
+func ts(t time.Time) string { return t.UTC().Format("15:04:05.000000") }
+
+// TestCheckerFlagsFabricatedViolations feeds the checker histories that
+// break each property once, and a clean one, and expects exactly the
+// violations that were planted. A checker that reports nothing is worthless
+// unless it is shown to report something.
+func TestCheckerFlagsFabricatedViolations(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	const tok1, tok2, tok3 = 8796093022209, 8796093022210, 8796093022211
+	// clean: three leases of r, each after the previous ended (expiry,
+	// release, revoke), two writes ordered before the next grant, one
+	// refused write.
+	clean := func() ([]event, dbState) {
+		st := dbState{
+			grants: []grantRec{
+				{res: "r", tok: tok1, kind: opAcquire, acquiredAt: at(0), expiresAt: at(100), seq: 1},
+				{res: "r", tok: tok2, kind: opAcquire, acquiredAt: at(150), expiresAt: at(250), seq: 4},
+				{res: "r", tok: tok3, kind: opRevoke, acquiredAt: at(200), seq: 7},
+			},
+			renews: []renewRec{{res: "r", tok: tok1, expiresAt: at(120), seq: 2}},
+			ends:   []endRec{{res: "r", tok: tok2, endedAt: at(180), seq: 6}},
+			txs: map[int64]txRec{
+				10: {txid: 10, res: "r", tok: tok1, nrows: 2, rows: 2, seq: 3},
+				11: {txid: 11, res: "r", tok: tok2, nrows: 1, rows: 1, seq: 5},
+			},
+			orphans: map[int64]int{},
+			final:   map[string]int64{"r": tok3},
+		}
+		ev := []event{
+			{worker: 0, kind: opAcquire, res: "r", tok: tok1, out: outOK},
+			{worker: 0, kind: opWrite, res: "r", tok: tok1, txid: 10, out: outOK},
+			{worker: 1, kind: opAcquire, res: "r", tok: tok2, out: outOK},
+			{worker: 0, kind: opWrite, res: "r", tok: tok1, txid: 12, out: outRefused, code: "FN001"},
+			{worker: 1, kind: opWrite, res: "r", tok: tok2, txid: 11, out: outOK},
+			{worker: -1, kind: opRevoke, res: "r", tok: tok3, out: outOK},
+		}
+		return ev, st
+	}
+
+	t.Run("a clean history passes", func(t *testing.T) {
+		ev, st := clean()
+		r := checkHistory(ev, st)
+		require.Empty(t, r.violations)
+		require.Equal(t, 1, r.staleRefused)
+		require.Equal(t, 1, r.exclusionPairs)
+	})
+
+	cases := []struct {
+		name   string
+		mutate func(ev *[]event, st *dbState)
+		want   string
+	}{
+		{"overlapping leases", func(_ *[]event, st *dbState) {
+			st.grants[1].acquiredAt = at(110) // the renewal kept lease 1 until 120
+		}, "were both live"},
+		{"release after the next grant", func(_ *[]event, st *dbState) {
+			st.ends = append(st.ends, endRec{res: "r", tok: tok1, endedAt: at(140), seq: 5})
+		}, "release of token 8796093022209 (#5) after the grant"},
+		{"token granted twice", func(_ *[]event, st *dbState) {
+			st.grants[2].tok = tok2
+			st.final["r"] = tok2
+		}, "granted twice"},
+		{"token lower than an earlier grant", func(_ *[]event, st *dbState) {
+			st.grants[1].tok = tok1 - 1
+		}, "is not larger"},
+		{"stale write committed after a newer grant", func(_ *[]event, st *dbState) {
+			st.txs[12] = txRec{txid: 12, res: "r", tok: tok1, nrows: 1, rows: 1, seq: 8}
+		}, "committed (#8) after the grant"},
+		{"write the client saw commit is missing", func(_ *[]event, st *dbState) {
+			delete(st.txs, 11)
+		}, "not in the database"},
+		{"write refused with FN001 is present", func(_ *[]event, st *dbState) {
+			st.txs[12] = txRec{txid: 12, res: "r", tok: tok1, nrows: 1, rows: 1, seq: 3}
+		}, "was refused with FN001"},
+		{"half a transaction committed", func(_ *[]event, st *dbState) {
+			st.orphans[99] = 1
+		}, "did not commit"},
+		{"a grant the client saw is lost", func(ev *[]event, _ *dbState) {
+			*ev = append(*ev, event{worker: 2, kind: opAcquire, res: "r", tok: tok3 + 1, out: outOK})
+		}, "no such committed grant"},
+		{"write under a token never granted", func(_ *[]event, st *dbState) {
+			st.txs[13] = txRec{txid: 13, res: "r", tok: tok3 + 5, nrows: 1, rows: 1, seq: 9}
+		}, "never granted"},
+		{"lease row disagrees with the grants", func(_ *[]event, st *dbState) {
+			st.final["r"] = tok1
+		}, "fence.leases holds token"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ev, st := clean()
+			c.mutate(&ev, &st)
+			r := checkHistory(ev, st)
+			require.NotEmpty(t, r.violations, "the checker missed: %s", c.name)
+			require.Contains(t, fmt.Sprint(r.violations), c.want)
+		})
+	}
+}
