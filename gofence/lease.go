@@ -40,13 +40,22 @@ type Lease struct {
 // holds it, the error is a *HeldError (errors.Is(err, ErrHeld)) that names
 // the holder and its expiry.
 func (c *Client) Acquire(ctx context.Context, resource string) (*Lease, error) {
+	return c.acquire(ctx, resource, false)
+}
+
+// acquire tries once; waiting asks the holder's release to NOTIFY (Lock).
+func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*Lease, error) {
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
+	}
+	grant := sqlfuncs.Acquire
+	if waiting {
+		grant = sqlfuncs.AcquireWaiting
 	}
 	// The trust deadline counts from the moment the request is sent: the
 	// server reads its clock later than that, so its expiry is later too.
 	sentAt := time.Now()
-	tok, ok, err := sqlfuncs.Acquire(ctx, c.pool, resource, c.cfg.Holder, c.cfg.TTL)
+	tok, ok, err := grant(ctx, c.pool, resource, c.cfg.Holder, c.cfg.TTL)
 	if err != nil {
 		return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
 	}

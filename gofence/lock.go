@@ -27,7 +27,7 @@ func (c *Client) Lock(ctx context.Context, resource string) (*Lease, error) {
 	defer timer.Stop()
 	<-timer.C
 	for {
-		l, err := c.Acquire(ctx, resource)
+		l, err := c.acquire(ctx, resource, !c.cfg.DisableNotify)
 		if err == nil {
 			return l, nil
 		}

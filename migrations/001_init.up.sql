@@ -34,6 +34,11 @@ CREATE TABLE fence.lease (
     expires_at    timestamptz,
     ended_at      timestamptz,
     session_pid   integer,
+    -- Someone waits for this lease (fence.acquire(..., waiting => true) got
+    -- NULL): its release sends a NOTIFY. Releases nobody waits for send none,
+    -- because NOTIFY serializes the commits of all notifying transactions of
+    -- the cluster (a lock held through the commit's flush).
+    waiters       boolean NOT NULL DEFAULT false,
     -- This constraint is what makes fence.check linearizable, not a
     -- nicety: it makes token a key column, so a grant is a key update. A
     -- FOR KEY SHARE lock on a row version whose non-key columns were updated
@@ -308,7 +313,7 @@ $$;
 -- and synchronous_commit is forced back on for that transaction if the
 -- caller turned it off (here, and again at commit by the deferred trigger
 -- lease_durable), so a grant that returned survives a crash.
-CREATE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean) RETURNS bigint
+CREATE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean, waiting boolean) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_variable
@@ -329,7 +334,17 @@ BEGIN
         -- renewals, and pay for nothing else.
         SELECT * INTO l FROM fence.lease x WHERE x.resource = resource;
         IF FOUND AND fence._live(l, pg_catalog.clock_timestamp()) THEN
-            RETURN NULL;
+            IF NOT waiting OR l.waiters THEN
+                RETURN NULL;
+            END IF;
+            -- Ask for a NOTIFY at release. If the row changed meanwhile (the
+            -- lease ended), fall through to the grant, which decides under
+            -- its locks.
+            UPDATE fence.lease x SET waiters = true
+             WHERE x.resource = resource AND x.token = l.token AND x.ended_at IS NULL;
+            IF FOUND THEN
+                RETURN NULL;
+            END IF;
         END IF;
     END IF;
     epoch := fence._epoch();
@@ -389,8 +404,8 @@ BEGIN
         -- ON CONFLICT: a caller under REPEATABLE READ may not see a row that
         -- a racing first grant committed after its snapshot; it is then busy.
         l.token := t;  -- the token whose key a session grant holds
-        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid)
-        VALUES (resource, t, holder, kind, now, now + ttl, CASE WHEN kind = 'revoked' THEN now END, spid)
+        INSERT INTO fence.lease AS x (resource, token, holder, kind, acquired_at, expires_at, ended_at, session_pid, waiters)
+        VALUES (resource, t, holder, kind, now, now + ttl, CASE WHEN kind = 'revoked' THEN now END, spid, false)
         ON CONFLICT DO NOTHING
         RETURNING x.token INTO t;
         IF t IS NULL AND kind = 'session' THEN
@@ -400,7 +415,7 @@ BEGIN
         UPDATE fence.lease x
            SET token = t, holder = holder, kind = kind, acquired_at = now, expires_at = now + ttl,
                ended_at = CASE WHEN kind = 'revoked' THEN now END,
-               session_pid = spid
+               session_pid = spid, waiters = false
          WHERE x.resource = resource;
     END IF;
     RETURN t;
@@ -420,8 +435,13 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE CONSTRAINT TRIGGER lease_durable AFTER INSERT OR UPDATE ON fence.lease
+CREATE CONSTRAINT TRIGGER lease_durable AFTER INSERT ON fence.lease
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fence._durable();
+-- Only grants and renewals need it (a lost release or waiter flag is safe).
+CREATE CONSTRAINT TRIGGER lease_durable_update AFTER UPDATE ON fence.lease
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.token IS DISTINCT FROM NEW.token OR OLD.expires_at IS DISTINCT FROM NEW.expires_at)
+    EXECUTE FUNCTION fence._durable();
 
 CREATE FUNCTION fence._notify_free(resource text) RETURNS void
 LANGUAGE sql VOLATILE
@@ -431,7 +451,9 @@ AS $$ SELECT pg_catalog.pg_notify('fence_release', resource) $$;
 -- Leases
 -- ---------------------------------------------------------------------------
 
-CREATE FUNCTION fence.acquire(resource text, holder text, ttl interval) RETURNS bigint
+-- waiting: the caller will wait for the lease if it gets NULL (gofence's
+-- Lock does): the holder's release then sends a NOTIFY on fence_release.
+CREATE FUNCTION fence.acquire(resource text, holder text, ttl interval, waiting boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -439,11 +461,11 @@ AS $$
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
-    RETURN fence._grant(resource, holder, 'ttl', fence._check_ttl(ttl), false);
+    RETURN fence._grant(resource, holder, 'ttl', fence._check_ttl(ttl), false, coalesce(waiting, false));
 END
 $$;
-COMMENT ON FUNCTION fence.acquire(text, text, interval) IS
-    'a new fencing token when no live lease exists for resource, else NULL';
+COMMENT ON FUNCTION fence.acquire(text, text, interval, boolean) IS
+    'a new fencing token when no live lease exists for resource, else NULL (with waiting => true, the release of the live lease will NOTIFY fence_release)';
 
 CREATE FUNCTION fence.acquire_session(resource text, holder text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -453,7 +475,7 @@ AS $$
 BEGIN
     PERFORM fence._check_name('resource', resource);
     PERFORM fence._check_name('holder', holder);
-    RETURN fence._grant(resource, holder, 'session', NULL, false);
+    RETURN fence._grant(resource, holder, 'session', NULL, false, false);
 END
 $$;
 COMMENT ON FUNCTION fence.acquire_session(text, text) IS
@@ -512,7 +534,9 @@ BEGIN
     IF l.kind = 'session' AND l.session_pid = pg_catalog.pg_backend_pid() THEN
         PERFORM pg_catalog.pg_advisory_unlock(fence._lease_key(resource, token));
     END IF;
-    PERFORM fence._notify_free(resource);
+    IF l.waiters THEN
+        PERFORM fence._notify_free(resource);
+    END IF;
     RETURN true;
 END
 $$;
@@ -528,7 +552,7 @@ DECLARE
     t bigint;
 BEGIN
     PERFORM fence._check_name('resource', resource);
-    t := fence._grant(resource, NULL, 'revoked', NULL, true);
+    t := fence._grant(resource, NULL, 'revoked', NULL, true, false);
     IF t IS NULL THEN
         RAISE EXCEPTION 'pgfence: resource % is busy: a transaction that wrote under its current token is still open', resource
             USING ERRCODE = 'FN004',
@@ -937,7 +961,7 @@ BEGIN
     END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA fence TO %I', role);
     EXECUTE format('GRANT SELECT ON fence.leases, fence.protected TO %I', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval), fence.acquire_session(text, text),
+    EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval, boolean), fence.acquire_session(text, text),
         fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
         fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
         fence._guard_row(), fence._guard_stmt(), fence._registered_token(text, text, text), fence._check_name(text, text), fence._lease_key(text, bigint), fence._trigger_arg(bytea, integer),

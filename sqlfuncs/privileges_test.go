@@ -127,7 +127,7 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		{"insert a lease row", `INSERT INTO fence.lease (resource, token, kind, acquired_at, expires_at) VALUES ('x', 1, 'ttl', now(), now())`, "42501"},
 		{"read the lease table directly", `SELECT * FROM fence.lease`, "42501"},
 		{"reset the epoch", `UPDATE fence.epoch_state SET base = 0`, "42501"},
-		{"call the internal grant", `SELECT fence._grant('orders', 'app', 'ttl', '1 minute', true)`, "42501"},
+		{"call the internal grant", `SELECT fence._grant('orders', 'app', 'ttl', '1 minute', true, false)`, "42501"},
 		{"call the internal epoch", `SELECT fence._epoch()`, "42501"},
 		{"revoke without the operator privilege", `SELECT fence.revoke('orders')`, "42501"},
 		{"grant itself more", `SELECT fence.grant_usage(current_user, true)`, "42501"},

@@ -66,6 +66,16 @@ func Acquire(ctx context.Context, db DB, resource, holder string, ttl time.Durat
 	return t.Int64, t.Valid, err
 }
 
+// AcquireWaiting is Acquire for a caller that will wait for the lease when
+// it is held (fence.acquire(..., waiting => true)): a NULL answer asks the
+// holder's release to send a NOTIFY on ReleaseChannel. Releases that nobody
+// waits for send none, because NOTIFY serializes the commits of every
+// notifying transaction in the cluster.
+func AcquireWaiting(ctx context.Context, db DB, resource, holder string, ttl time.Duration) (token int64, ok bool, err error) {
+	t, err := scalar[pgtype.Int8](ctx, db, `SELECT fence.acquire($1, $2, $3, waiting => true)`, resource, holder, interval(ttl))
+	return t.Int64, t.Valid, err
+}
+
 // AcquireSession calls fence.acquire_session(resource, holder): a lease bound
 // to the session (connection) db runs on, with no TTL. It lives until
 // Release or until that session ends, so db should be a dedicated

@@ -69,7 +69,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 	// The bindings of this package, by SQL function name. Adding a function to
 	// schema fence without a binding (or removing one) fails this test.
 	bindings := map[string]any{
-		"acquire":         sqlfuncs.Acquire,
+		"acquire":         sqlfuncs.Acquire, // and AcquireWaiting: the same function with waiting => true
 		"acquire_session": sqlfuncs.AcquireSession,
 		"renew":           sqlfuncs.Renew,
 		"release":         sqlfuncs.Release,
@@ -137,6 +137,9 @@ func TestLeaseLifecycle(t *testing.T) {
 		listener := b.db.Conn(t)
 		_, err := listener.Exec(ctx, `LISTEN fence_release`)
 		require.NoError(t, err)
+		_, ok, err := sqlfuncs.AcquireWaiting(ctx, db, "job", "W", time.Minute)
+		require.NoError(t, err)
+		require.False(t, ok, "held: the waiter asks for a notification")
 
 		released, err := sqlfuncs.Release(ctx, db, "job", t1)
 		require.NoError(t, err)
@@ -152,7 +155,20 @@ func TestLeaseLifecycle(t *testing.T) {
 		require.Equal(t, "fence_release", n.Channel)
 		require.Equal(t, "job", n.Payload)
 
-		_, ok, err := sqlfuncs.Renew(ctx, db, "job", t1, time.Minute)
+		// A release nobody waits for sends no notification (NOTIFY
+		// serializes commits cluster-wide).
+		quiet, ok, err := sqlfuncs.Acquire(ctx, db, "unwatched", "A", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		released, err = sqlfuncs.Release(ctx, db, "unwatched", quiet)
+		require.NoError(t, err)
+		require.True(t, released)
+		qctx, qcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer qcancel()
+		_, err = listener.WaitForNotification(qctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "no NOTIFY for an unwatched release")
+
+		_, ok, err = sqlfuncs.Renew(ctx, db, "job", t1, time.Minute)
 		require.NoError(t, err)
 		require.False(t, ok, "renew after release")
 	})

@@ -28,7 +28,7 @@ const (
 		pg_is_in_recovery(), current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
 		has_database_privilege(current_database(), 'CREATE'), clock_timestamp()`
 	doctorPrivSQL = `SELECT has_schema_privilege('fence', 'USAGE'),
-		has_function_privilege('fence.acquire(text, text, interval)', 'EXECUTE'),
+		has_function_privilege('fence.acquire(text, text, interval, boolean)', 'EXECUTE'),
 		has_function_privilege('fence.check(text, bigint)', 'EXECUTE'),
 		has_function_privilege('fence.revoke(text)', 'EXECUTE')`
 	doctorSettingsSQL = `SELECT current_setting('synchronous_commit'),
