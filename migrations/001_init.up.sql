@@ -380,6 +380,11 @@ BEGIN
 
     IF l.resource IS NOT NULL THEN
         IF NOT force AND fence._live(l, now) THEN
+            IF waiting AND NOT l.waiters THEN
+                -- Someone else got it between the fast path and here: ask
+                -- this lease's release for the NOTIFY too.
+                UPDATE fence.lease x SET waiters = true WHERE x.resource = resource;
+            END IF;
             RETURN NULL;
         END IF;
         t := greatest(l.token + 1, first_tok);
@@ -592,7 +597,18 @@ BEGIN
                   HINT = 'pass the token that fence.acquire returned for this resource';
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
-    SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        -- Held gate + a snapshot taken after it: a grant that committed
+        -- before we got the gate is seen, and no grant can commit until we
+        -- end. No row lock needed (it would cost a WAL record and, with
+        -- concurrent writers, a MultiXact per guarded transaction).
+        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource;
+    ELSE
+        -- REPEATABLE READ / SERIALIZABLE: our snapshot may predate a grant
+        -- that committed before we got the gate; locking the row then fails
+        -- with a serialization error instead of reading the old token.
+        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
+    END IF;
     IF latest IS NULL THEN
         RAISE EXCEPTION 'pgfence: unknown fencing token % for resource %: it has never been granted', token, resource
             USING ERRCODE = 'FN003', DETAIL = format('resource=%s token=%s latest=none', resource, token),
