@@ -338,7 +338,7 @@ func FuzzProtectNames(f *testing.F) {
 		"22003",          // a number beyond the oid range, which regclass reads as an OID
 		"3F000", "0A000", // unknown schema, cross-database reference
 		"42703", "42804", // unknown or system column, column not bigint
-		"42809", // not an ordinary table (view, catalog view, unknown OID)
+		"42809", // not an ordinary table (view, catalog view, the kit's own tables)
 		"42501", // not the owner (catalogs, the kit's tables, the canary)
 	}
 

@@ -2,9 +2,11 @@
 -- advisory-lock helpers and stale-token guard triggers.
 --
 -- Installs only schema "fence" and what lives in it; needs CREATE on the
--- database, no superuser. Every object is schema-qualified, and every function
--- pins its search_path so that nothing planted in another schema (public, a
--- temporary schema) can be picked up by name resolution.
+-- database, no superuser. Every object is schema-qualified, and every entry
+-- point (the functions without a leading underscore, and the guard trigger
+-- functions) pins its search_path, so that nothing planted in another schema
+-- (public, a temporary schema) can be picked up by name resolution. Internal
+-- helpers run inside those entry points (see fence._lease_key).
 --
 -- Reference: docs/sql.md. Design: docs/design.md.
 
@@ -278,8 +280,9 @@ $$;
 --
 -- Locking order, and why it gives guarantee 3 (linearizable fencing):
 -- every guarded write runs fence.check, which takes the resource's gate (an
--- advisory lock) in share mode and then reads the lease row FOR KEY SHARE,
--- and holds both until the writing transaction ends. A grant takes the gate
+-- advisory lock) in share mode, holds it until the writing transaction ends,
+-- and then reads the lease row (with a FOR KEY SHARE lock under REPEATABLE
+-- READ and SERIALIZABLE, see fence.check). A grant takes the gate
 -- in exclusive mode and then locks the row FOR UPDATE before it computes the
 -- new token. So either
 --   (a) the writer locked first: the grant waits until the writing
@@ -574,9 +577,10 @@ COMMENT ON FUNCTION fence.revoke(text) IS
 -- Guards
 -- ---------------------------------------------------------------------------
 
--- Raises unless token is the latest grant of resource, and holds the lease
--- row FOR KEY SHARE until the calling transaction ends (see fence._grant for
--- why that ordering is linearizable).
+-- Raises unless token is the latest grant of resource, and holds the
+-- resource's gate in share mode until the calling transaction ends, so that
+-- no new grant can happen before it commits (see fence._grant for why that
+-- ordering is linearizable).
 CREATE FUNCTION fence.check(resource text, token bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -625,7 +629,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION fence.check(text, bigint) IS
-    'raises FN001 (stale), FN002 (no token) or FN003 (never granted) unless token is the latest grant; holds the lease row so a new grant waits for this transaction';
+    'raises FN001 (stale), FN002 (no token) or FN003 (never granted) unless token is the latest grant; holds the resource''s gate so a new grant waits for this transaction';
 
 -- check, then remember the token in the transaction-local setting
 -- fence.tokens (a JSON object resource -> token) for guarded tables without a
@@ -732,6 +736,7 @@ $$;
 -- Splits trigger arguments (pg_trigger.tgargs: NUL-terminated strings).
 CREATE FUNCTION fence._trigger_arg(args bytea, n integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp  -- it runs from the view fence.protected, under the caller's search_path
 AS $$
 DECLARE
     i integer := 0;
