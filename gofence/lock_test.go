@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/gofence"
@@ -123,4 +124,64 @@ func TestLockStopsWhenTheContextEnds(t *testing.T) {
 	}()
 	_, err = c.Lock(ctx, "job")
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// TestLockHandoffUnderChurn: four clients take turns on one resource as fast
+// as they can (hold 1 ms, release, Lock again), with polling set to a minute
+// and a 30 s lease: every handoff must come from a notification. The first
+// version of the waiter flag took a row lock before the gate in one path and
+// deadlocked with a grant now and then (a 1 s stall per deadlock_timeout,
+// then a retry); with a minute of polling, a missed wake-up fails this test.
+func TestLockHandoffUnderChurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	cfg := gofence.Config{TTL: 30 * time.Second, PollInterval: time.Minute}
+	pool, err := pgxpool.New(ctx, b.db.URL) // closed before reading the statistics, so its backends flush them
+	require.NoError(t, err)
+	var clients []*gofence.Client
+	for range 4 {
+		clients = append(clients, b.client(t, pool, cfg))
+	}
+	var handoffs atomic.Int64
+	deadline := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				l, err := c.Lock(ctx, "job")
+				if err != nil {
+					t.Errorf("Lock: %v (a waiter was not woken)", err)
+					return
+				}
+				handoffs.Add(1)
+				time.Sleep(time.Millisecond)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, c := range clients {
+		c.Close()
+	}
+	pool.Close()
+	// A deadlock between a waiter and a grant costs deadlock_timeout and a
+	// retry, and would hide behind the other waiters' notifications: ask the
+	// server. Backends flush their statistics when they exit.
+	var deadlocks int64
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n))
+		return n <= 1 // only the test pool's own connection is left
+	}, 10*time.Second, 20*time.Millisecond)
+	_, err = b.db.Pool.Exec(b.ctx, `SELECT pg_stat_clear_snapshot()`)
+	require.NoError(t, err)
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks))
+	t.Logf("%d handoffs in 2s, %d deadlocks", handoffs.Load(), deadlocks)
+	require.Greater(t, handoffs.Load(), int64(20))
+	require.Zero(t, deadlocks, "waiters and grants deadlocked")
 }

@@ -340,14 +340,10 @@ BEGIN
             IF NOT waiting OR l.waiters THEN
                 RETURN NULL;
             END IF;
-            -- Ask for a NOTIFY at release. If the row changed meanwhile (the
-            -- lease ended), fall through to the grant, which decides under
-            -- its locks.
-            UPDATE fence.lease x SET waiters = true
-             WHERE x.resource = resource AND x.token = l.token AND x.ended_at IS NULL;
-            IF FOUND THEN
-                RETURN NULL;
-            END IF;
+            -- A waiter that still has to ask for the NOTIFY goes on to the
+            -- locks below, which set the flag (or grant, if the lease ended
+            -- meanwhile). Not here: an UPDATE here would lock the row before
+            -- the gate, the reverse of a grant's order, and deadlock with it.
         END IF;
     END IF;
     epoch := fence._epoch();
@@ -384,8 +380,8 @@ BEGIN
     IF l.resource IS NOT NULL THEN
         IF NOT force AND fence._live(l, now) THEN
             IF waiting AND NOT l.waiters THEN
-                -- Someone else got it between the fast path and here: ask
-                -- this lease's release for the NOTIFY too.
+                -- Ask this lease's release for the NOTIFY (a HOT update, by
+                -- the first waiter of each lease term).
                 UPDATE fence.lease x SET waiters = true WHERE x.resource = resource;
             END IF;
             RETURN NULL;
