@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -66,11 +67,11 @@ type Client struct {
 	cfg  Config
 	log  *slog.Logger
 
-	installedMu sync.Mutex
-	installed   bool
+	installed atomic.Bool
 
-	notifyOnce sync.Once
-	notify     *notifier
+	mu     sync.Mutex // guards closed and notify
+	closed bool
+	notify *notifier
 }
 
 // New returns a client over pool (which it never closes). A nil cfg gives
@@ -129,8 +130,12 @@ func (c *Client) Config() Config { return c.cfg }
 // Close stops the client's background listener. Leases already granted keep
 // renewing until they are released or lost; release them first.
 func (c *Client) Close() {
-	if c.notify != nil {
-		c.notify.close()
+	c.mu.Lock()
+	c.closed = true
+	n := c.notify
+	c.mu.Unlock()
+	if n != nil {
+		n.close()
 	}
 }
 
@@ -138,11 +143,11 @@ func (c *Client) Close() {
 // this package needs, so that a missing kit gives ErrNotInstalled with the
 // command that fixes it instead of a bare "function does not exist".
 func (c *Client) ensureInstalled(ctx context.Context) error {
-	c.installedMu.Lock()
-	defer c.installedMu.Unlock()
-	if c.installed {
+	if c.installed.Load() {
 		return nil
 	}
+	// Concurrent first calls may each ask; each waits only as long as its
+	// own ctx allows.
 	v, err := sqlfuncs.Version(ctx, c.pool)
 	if err != nil {
 		return err
@@ -150,6 +155,6 @@ func (c *Client) ensureInstalled(ctx context.Context) error {
 	if v < migrations.Latest {
 		return fmt.Errorf("%w (the database has version %d, this package needs %d)", ErrNotInstalled, v, migrations.Latest)
 	}
-	c.installed = true
+	c.installed.Store(true)
 	return nil
 }

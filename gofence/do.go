@@ -43,14 +43,24 @@ func (c *Client) Do(ctx context.Context, resource string, opts *DoOptions, fn fu
 // that loss.
 func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error) (lost, err error) {
 	fctx, stop := l.merge(ctx)
-	ferr := fn(fctx, l)
-	stop()
-	lost = l.Err() // before Release turns it into ErrReleased
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.TTL)
-	defer cancel()
-	if rerr := l.Release(rctx); rerr != nil {
-		l.c.log.Warn("pgfence: release failed", "resource", l.resource, "error", rerr.Error())
+	released := false
+	release := func() {
+		stop()
+		lost = l.Err() // before Release turns it into ErrReleased
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.TTL)
+		defer cancel()
+		if rerr := l.Release(rctx); rerr != nil {
+			l.c.log.Warn("pgfence: release failed", "resource", l.resource, "error", rerr.Error())
+		}
+		released = true
 	}
+	defer func() {
+		if !released { // fn panicked: release, then let the panic go on
+			release()
+		}
+	}()
+	ferr := fn(fctx, l)
+	release()
 	if ferr != nil && lost != nil && !errors.Is(ferr, lost) {
 		return lost, fmt.Errorf("%w (%w)", ferr, lost)
 	}

@@ -24,6 +24,10 @@ type Lease struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// renewCtx ends with the lease or when Release stops the keepalive, so
+	// that a renewal stuck in a partition does not hold Release up.
+	renewCtx    context.Context
+	renewCancel context.CancelFunc
 
 	mu        sync.Mutex
 	deadline  time.Time   // local trust deadline (monotonic clock reading inside)
@@ -102,9 +106,10 @@ func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, e
 
 func (c *Client) newLease(resource string, token int64, session *pgx.Conn) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
+	renewCtx, renewCancel := context.WithCancel(ctx)
 	return &Lease{
 		c: c, resource: resource, token: token, session: session,
-		ctx: ctx, cancel: cancel,
+		ctx: ctx, cancel: cancel, renewCtx: renewCtx, renewCancel: renewCancel,
 		stopKeepalive: make(chan struct{}),
 		keepaliveDone: make(chan struct{}),
 	}
@@ -216,9 +221,12 @@ func (l *Lease) keepalive(lastSent time.Time) {
 // deadline; it returns when the time the successful renewal was sent.
 func (l *Lease) renewUntilDeadline() (time.Time, error) {
 	for {
-		sent, err := l.renewOnce(l.ctx)
+		sent, err := l.renewOnce(l.renewCtx)
 		if err == nil {
 			return sent, nil
+		}
+		if l.renewCtx.Err() != nil && l.ctx.Err() == nil {
+			return time.Time{}, ErrReleased // Release stopped us
 		}
 		if l.ctx.Err() != nil || !transient(err) {
 			if l.ctx.Err() == nil {
@@ -300,28 +308,48 @@ func (l *Lease) Renew(ctx context.Context) error {
 }
 
 // Release ends the lease and stops its keepalive. It is idempotent: a second
-// call, or a call after the lease was lost, returns nil. Transient errors are
-// retried until ctx is done, and a retry after a lost reply never touches a
-// newer lease (fence.release only ends the lease that carries this token).
-// When the release cannot reach the server, the lease still ends on the
-// server at its expiry.
+// call returns nil, and so does a call after the lease was lost (it then
+// tells the server once, best effort, and does not wait for an unreachable
+// one). Transient errors are retried until ctx is done, and a retry after a
+// lost reply never touches a newer lease (fence.release only ends the lease
+// that carries this token). When the release cannot reach the server, the
+// lease still ends on the server at its expiry.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock() // one Release at a time; a second call retries a failed first one
 	if l.released {
 		return nil
 	}
+	lostBefore := l.ctx.Err() != nil
 	if !l.stopping {
 		l.stopping = true
 		if l.lossTimer != nil {
 			l.lossTimer.Stop()
 		}
 		close(l.stopKeepalive)
+		l.renewCancel()
 	}
 	l.mu.Unlock()
-	<-l.keepaliveDone // it may need l.mu to finish a renewal
+	select { // a renewal in flight may need l.mu to finish; it ends at once now
+	case <-l.keepaliveDone:
+	case <-ctx.Done():
+	}
 	l.mu.Lock()
 	l.cancel(fmt.Errorf("%w: %s", ErrReleased, l.resource))
+	if lostBefore {
+		// Lost already: the server may be unreachable (that may be why).
+		// One attempt, bounded, and no error: the lease is over either way.
+		bctx, cancel := context.WithTimeout(ctx, min(l.c.cfg.RetryInterval, time.Second))
+		defer cancel()
+		var db sqlfuncs.DB = l.c.pool
+		if l.session != nil {
+			db = l.session
+			defer closeConn(l.session)
+		}
+		_, _ = sqlfuncs.Release(bctx, db, l.resource, l.token)
+		l.released = true
+		return nil
+	}
 
 	var db sqlfuncs.DB = l.c.pool
 	if l.session != nil {

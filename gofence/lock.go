@@ -60,9 +60,12 @@ func jitter(d time.Duration) time.Duration {
 }
 
 func (c *Client) notifier() *notifier {
-	c.notifyOnce.Do(func() {
-		c.notify = &notifier{c: c, subs: map[string]map[chan struct{}]struct{}{}}
-	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.notify == nil {
+		// After Close, a notifier is born closed: Lock then polls.
+		c.notify = &notifier{c: c, subs: map[string]map[chan struct{}]struct{}{}, closed: c.closed}
+	}
 	return c.notify
 }
 

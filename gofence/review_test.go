@@ -1,6 +1,7 @@
 package gofence_test
 
-// Review tests: each one demonstrates a bug and fails until it is fixed.
+// Tests from an independent review: each one demonstrated a bug, fixed since;
+// the comments describe the bug as it was.
 
 import (
 	"context"
@@ -19,7 +20,7 @@ import (
 // A panic in Do's function (recovered by the caller, as net/http does for
 // every handler) leaves the lease held and renewed forever: Do releases only
 // on a normal return.
-func TestReviewDoPanicLeavesLeaseRenewedForever(t *testing.T) {
+func TestDoReleasesWhenFnPanics(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{TTL: 300 * time.Millisecond})
@@ -37,7 +38,7 @@ func TestReviewDoPanicLeavesLeaseRenewedForever(t *testing.T) {
 // Tx replaces the function's error by sqlfuncs.Translate's new *Error when
 // the function's error wraps a fencing PgError: the caller's own wrapping
 // (message and sentinels) is dropped.
-func TestReviewTxDropsTheFunctionsError(t *testing.T) {
+func TestTxKeepsTheFunctionsError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
@@ -60,7 +61,7 @@ func TestReviewTxDropsTheFunctionsError(t *testing.T) {
 // Release waits for an in-flight renewal (<-keepaliveDone) without looking
 // at its ctx; a renewal stuck in a partition is only cut at the trust
 // deadline, so Release(ctx with 200ms) blocks for seconds.
-func TestReviewReleaseIgnoresCtxWhileARenewalHangs(t *testing.T) {
+func TestReleaseHonoursCtxWhileARenewalHangs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	proxy := pgtest.NewProxy(t, b.db.URL)
@@ -81,7 +82,7 @@ func TestReviewReleaseIgnoresCtxWhileARenewalHangs(t *testing.T) {
 
 // The doc of Release says "a call after the lease was lost returns nil". In
 // a partition (the usual cause of loss) it returns an error instead.
-func TestReviewReleaseAfterLossInPartitionReturnsError(t *testing.T) {
+func TestReleaseAfterLossInPartitionReturnsNil(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	proxy := pgtest.NewProxy(t, b.db.URL)
@@ -105,7 +106,7 @@ func TestReviewReleaseAfterLossInPartitionReturnsError(t *testing.T) {
 // ensureInstalled holds installedMu across a network call made with the
 // first caller's ctx; every other caller waits on the mutex and its own ctx
 // is ignored.
-func TestReviewEnsureInstalledIgnoresCallerCtx(t *testing.T) {
+func TestInstallCheckHonoursEachCallersCtx(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	proxy := pgtest.NewProxy(t, b.db.URL)
@@ -130,7 +131,7 @@ func TestReviewEnsureInstalledIgnoresCallerCtx(t *testing.T) {
 // Close reads c.notify without synchronisation while Lock creates it in
 // notifyOnce: a data race (run with -race). When Close wins, the notifier
 // Lock creates afterwards is never stopped.
-func TestReviewCloseRacesWithLock(t *testing.T) {
+func TestCloseDoesNotRaceWithLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	holder := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})

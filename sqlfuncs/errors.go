@@ -45,11 +45,26 @@ type Error struct {
 	Kind error
 	// PgErr is the error PostgreSQL sent.
 	PgErr *pgconn.PgError
+	// Err is the error that was translated: PgErr itself, or an error of the
+	// caller's that wraps it (its message and other wrapped errors are kept).
+	Err error
 }
 
-// Error gives PostgreSQL's message, its detail and its hint on one line.
+// Error gives PostgreSQL's message, its detail and its hint on one line,
+// after the caller's own context when the translated error had some.
 func (e *Error) Error() string {
 	var b strings.Builder
+	if e.Err != nil && e.Err.Error() != e.PgErr.Error() {
+		// The caller's context around the PgError: keep its words.
+		b.WriteString(e.Err.Error())
+		if e.PgErr.Hint != "" {
+			b.WriteString("; " + e.PgErr.Hint)
+		}
+		if e.Kind == ErrNotInstalled {
+			b.WriteString(": " + ErrNotInstalled.Error())
+		}
+		return b.String()
+	}
 	b.WriteString(e.PgErr.Message)
 	if e.PgErr.Detail != "" {
 		b.WriteString(" (" + e.PgErr.Detail + ")")
@@ -63,8 +78,14 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Unwrap exposes both the sentinel and the PgError.
-func (e *Error) Unwrap() []error { return []error{e.Kind, e.PgErr} }
+// Unwrap exposes the sentinel and the translated error (and through it the
+// PgError).
+func (e *Error) Unwrap() []error {
+	if e.Err != nil {
+		return []error{e.Kind, e.Err}
+	}
+	return []error{e.Kind, e.PgErr}
+}
 
 // Translate is the one place where PostgreSQL errors become pgfence errors.
 // Errors it does not recognise pass through untouched.
@@ -72,6 +93,10 @@ func Translate(err error) error {
 	var pgErr *pgconn.PgError
 	if err == nil || !errors.As(err, &pgErr) {
 		return err
+	}
+	var done *Error
+	if errors.As(err, &done) {
+		return err // translated already
 	}
 	var kind error
 	switch pgErr.Code {
@@ -95,5 +120,5 @@ func Translate(err error) error {
 	if kind == nil {
 		return err
 	}
-	return &Error{Kind: kind, PgErr: pgErr}
+	return &Error{Kind: kind, PgErr: pgErr, Err: err}
 }

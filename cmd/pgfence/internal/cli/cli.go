@@ -93,11 +93,11 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else ` + DefaultDatabaseURL
 		var xerr exitError
 		if errors.As(err, &xerr) {
 			if xerr.err != nil {
-				fmt.Fprintln(stderr, "pgfence: "+oneLine(xerr.err))
+				fmt.Fprintln(g.stderr, "pgfence: "+oneLine(xerr.err))
 			}
 			return xerr.code
 		}
-		fmt.Fprintln(stderr, "pgfence: "+oneLine(err))
+		fmt.Fprintln(g.stderr, "pgfence: "+oneLine(err))
 		var uerr usageError
 		if errors.As(err, &uerr) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") {
 			return ExitUsage

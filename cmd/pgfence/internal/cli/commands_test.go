@@ -1,8 +1,10 @@
 package cli_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -263,4 +265,28 @@ func readFile(t *testing.T, path string) string {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// TestRunOnATerminal: on a terminal, the command's process group must be the
+// foreground one, or reading the terminal stops it (SIGTTIN) and it hangs.
+// Run under script(1), which gives pgfence a pseudo-terminal.
+func TestRunOnATerminal(t *testing.T) {
+	t.Parallel()
+	scriptBin, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("script(1) (util-linux) is not installed")
+	}
+	db := pgtest.Setup(t)
+	bin := filepath.Join(t.TempDir(), "pgfence")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	line := bin + " run tty --database-url " + db.URL + ` -- sh -c 'read x; echo "got $x"'`
+	cmd := exec.CommandContext(ctx, scriptBin, "-qec", line, "/dev/null")
+	cmd.Stdin = strings.NewReader("hello\n")
+	got, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", got)
+	require.Contains(t, string(got), "got hello", "the command could read the terminal")
 }

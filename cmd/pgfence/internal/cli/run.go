@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgfence/pgfence/gofence"
 )
@@ -102,6 +103,15 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	}
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, g.stdout, g.stderr
 	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A group of its own is how the whole command is signalled; on a
+	// terminal that group must also be the foreground one, or the command
+	// is stopped (SIGTTIN) as soon as it reads from the terminal.
+	restoreForeground := func() {}
+	if tty, ok := terminal(os.Stdin); ok {
+		child.SysProcAttr.Foreground = true
+		child.SysProcAttr.Ctty = tty
+		restoreForeground = func() { takeForeground(tty) }
+	}
 	if err := child.Start(); err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return exitError{ExitError, fmt.Errorf("starting %s: %w", argv[0], err)}
@@ -117,13 +127,17 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 
 	// The watchdog: SIGTERM when less than grace is left before the trust
 	// deadline (or at once when the lease is lost), SIGKILL when a quarter of
-	// grace is left, so the group is gone before the deadline, which itself
-	// comes before the server's expiry.
+	// grace is left (or three quarters of grace after a SIGTERM sent because
+	// the lease was lost), so the group is gone before the deadline, which
+	// itself comes before the server's expiry. Nothing else changes these
+	// rules: signals sent to pgfence are passed on as they are, and never
+	// delay or replace the watchdog's SIGKILL.
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	var termAt time.Time
-	killed := false
-	stopping := false
+	killed, forwarded := false, false
+	ctxDone := ctx.Done()
+	var ctxSettled <-chan time.Time
 	var waitErr error
 loop:
 	for {
@@ -131,11 +145,18 @@ loop:
 		case waitErr = <-exited:
 			break loop
 		case sig := <-signals:
+			forwarded = true
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
-		case <-ctx.Done():
-			if !stopping {
-				stopping = true
-				termAt = time.Now()
+		case <-ctxDone:
+			// main cancels ctx on SIGINT/SIGTERM, which the case above passes
+			// on (its channel gets the same signal within moments); a caller
+			// that cancels ctx without a signal (pgfence used as a library)
+			// gets one SIGTERM, after a short look for such a signal.
+			ctxDone = nil
+			ctxSettled = time.After(100 * time.Millisecond)
+		case <-ctxSettled:
+			ctxSettled = nil
+			if !forwarded {
 				_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			}
 		case <-tick.C:
@@ -146,18 +167,15 @@ loop:
 				fmt.Fprintf(g.stderr, "pgfence: lease on %s is being lost (%s); sending SIGTERM to %s\n", resource, lossReason(lease, left), argv[0])
 				_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			}
-			if !termAt.IsZero() && !killed && !stopping && (left < grace/4 || time.Since(termAt) > grace*3/4) {
+			if !termAt.IsZero() && !killed && (left < grace/4 || time.Since(termAt) > grace*3/4) {
 				killed = true
 				fmt.Fprintf(g.stderr, "pgfence: %s did not stop; sending SIGKILL\n", argv[0])
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			}
-			if stopping && !killed && time.Since(termAt) > grace {
-				killed = true
 				_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			}
 		}
 	}
 	_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group outlives the command
+	restoreForeground()
 
 	code := 0
 	var exitErr *exec.ExitError
@@ -172,9 +190,14 @@ loop:
 		return exitError{ExitError, fmt.Errorf("waiting for %s: %w", argv[0], waitErr)}
 	}
 
-	if !termAt.IsZero() && !stopping {
-		// Lost: do not wait on a database that may not answer.
+	if !termAt.IsZero() {
+		// Lost: do not wait on a database that may not answer. Releasing with
+		// a context that is already done stops the keepalive and the loss
+		// timer without a round trip.
 		closePool = func() { go pool.Close() }
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		_ = lease.Release(done)
 		return exitError{ExitRunLost, fmt.Errorf("lost the lease on %s; %s was stopped (exit %d)", resource, argv[0], code)}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -186,6 +209,22 @@ loop:
 		return exitError{code, nil}
 	}
 	return nil
+}
+
+// terminal reports whether f is a terminal, and its descriptor.
+func terminal(f *os.File) (int, bool) {
+	fd := int(f.Fd())
+	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	return fd, err == nil
+}
+
+// takeForeground makes pgfence's process group the terminal's foreground
+// group again once the command is gone (SIGTTOU ignored meanwhile: a
+// background group may not change it otherwise).
+func takeForeground(tty int) {
+	signal.Ignore(syscall.SIGTTOU)
+	defer signal.Reset(syscall.SIGTTOU)
+	_ = unix.IoctlSetPointerInt(tty, unix.TIOCSPGRP, syscall.Getpgrp())
 }
 
 func lossReason(l *gofence.Lease, left time.Duration) string {
