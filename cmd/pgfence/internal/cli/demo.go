@@ -49,7 +49,9 @@ by the demo), so it leaves nothing behind in yours. The role needs CREATEDB.`,
 }
 
 // The demo's own SQL: its tables. Everything that calls the kit goes through
-// sqlfuncs and gofence.
+// sqlfuncs: the demo plays two workers by hand, and worker A must not renew
+// while it is "paused", which a gofence.Lease (it renews itself in the
+// background) would do. Applications use gofence.
 const (
 	demoTableSQL = `CREATE TABLE %s (job text PRIMARY KEY, worker text NOT NULL, result text NOT NULL, token bigint NOT NULL)`
 	demoInsert   = `INSERT INTO %s (job, worker, result, token) VALUES ($1, $2, $3, $4)`
