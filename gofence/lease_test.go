@@ -161,7 +161,7 @@ func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
 	b := setup(t)
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
-	a := b.client(t, viaProxy, gofence.Config{TTL: time.Second, RenewInterval: 200 * time.Millisecond, SafetyMargin: 100 * time.Millisecond})
+	a := b.client(t, viaProxy, gofence.Config{TTL: 2 * time.Second, RenewInterval: 300 * time.Millisecond, SafetyMargin: 600 * time.Millisecond})
 	other := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
 
 	l, err := a.Acquire(b.ctx, "job")

@@ -209,7 +209,7 @@ func TestRunStopsTheCommandBeforeTheLeaseCanPass(t *testing.T) {
 		// sh ignores TERM and so does its child (the disposition is
 		// inherited); only SIGKILL of the whole group stops them.
 		script := `trap '' TERM; echo $PGFENCE_TOKEN > ` + started + `; sleep 60 & echo $! > ` + grandchild + `; wait`
-		code, out, errOut := run(t, "run", "job", "--ttl", "2s", "--grace", "400ms", "--database-url", proxy.URL(db.URL), "--", "sh", "-c", script)
+		code, out, errOut := run(t, "run", "job", "--ttl", "3s", "--grace", "600ms", "--database-url", proxy.URL(db.URL), "--", "sh", "-c", script)
 		done <- result{code, out, errOut}
 	}()
 	require.Eventually(t, func() bool {
