@@ -112,8 +112,9 @@ func Revoke(ctx context.Context, db DB, resource string) (int64, error) {
 
 // Check calls fence.check(resource, token): nil when token is the latest
 // grant of resource, else an error matching ErrStaleToken, ErrNoToken or
-// ErrUnknownToken. On success the transaction db runs in holds the lease row
-// until it ends, so no newer grant can happen before it commits.
+// ErrUnknownToken. On success the transaction db runs in holds the
+// resource's gate until it ends, so no newer grant can happen before it
+// commits.
 func Check(ctx context.Context, db DB, resource string, token int64) error {
 	return exec(ctx, db, `SELECT fence.check($1, $2)`, resource, token)
 }
