@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -30,9 +31,13 @@ func TestDemoFencesOffTheStaleWorkerAndCleansUp(t *testing.T) {
 	require.Regexp(t, `(?s)rows of report at the end:.*worker-B\s+final by B`, out)
 	require.Regexp(t, `(?s)rows of report_unprotected at the end:.*worker-A\s+final by A \(stale\)`, out)
 
+	// Its own database, named in the output, is gone (other tests may run
+	// demos of their own at the same time).
+	name := regexp.MustCompile(`database (pgfence_demo_[0-9a-f]+) on`).FindStringSubmatch(out)
+	require.Len(t, name, 2, out)
 	db := pgtest.Empty(t)
 	var left int
-	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_database WHERE datname LIKE 'pgfence\_demo\_%'`).Scan(&left))
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_database WHERE datname = $1`, name[1]).Scan(&left))
 	require.Zero(t, left, "the demo dropped its database")
 }
 

@@ -290,3 +290,63 @@ func TestRunOnATerminal(t *testing.T) {
 	require.NoError(t, err, "%s", got)
 	require.Contains(t, string(got), "got hello", "the command could read the terminal")
 }
+
+// TestJSONShapes: the --json documents of the commands not covered above.
+func TestJSONShapes(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+
+	code, out, errOut := run(t, "acquire", "j", "--holder", "h1", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	var acq struct {
+		Resource, Holder string
+		Token            int64
+		ExpiresAt        time.Time `json:"expires_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &acq), out)
+	require.Equal(t, "j", acq.Resource)
+	require.Equal(t, "h1", acq.Holder)
+	require.Positive(t, acq.Token)
+	require.WithinDuration(t, time.Now().Add(30*time.Second), acq.ExpiresAt, 20*time.Second)
+
+	code, out, errOut = run(t, "migrate", "version", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.JSONEq(t, `{"version": 1, "dirty": false}`, out)
+
+	code, out, _ = run(t, "doctor", "--json", url)
+	require.Contains(t, []int{cli.ExitOK, cli.ExitError}, code)
+	var findings []struct{ Check, Status, Detail, Fix string }
+	require.NoError(t, json.Unmarshal([]byte(out), &findings), out)
+	checks := map[string]string{}
+	for _, f := range findings {
+		checks[f.Check] = f.Status
+	}
+	for _, c := range []string{"connection", "server version", "clock", "migrations", "privileges", "synchronous_commit", "standbys", "idle_in_transaction_session_timeout"} {
+		require.Contains(t, checks, c)
+	}
+	require.Equal(t, "ok", checks["migrations"])
+	require.Equal(t, "ok", checks["connection"])
+
+	code, out, errOut = run(t, "demo", "--ttl", "300ms", "--json", "--database-url", pgtest.AdminURL(t))
+	require.Equal(t, cli.ExitOK, code, errOut)
+	var demo struct {
+		Fenced  bool
+		Stories []struct {
+			Table     string
+			Protected bool
+			Refused   *struct{ SQLState string }
+			Rows      []struct{ Worker string }
+			Steps     []struct{ Worker, Action, Outcome string }
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &demo), out)
+	require.True(t, demo.Fenced)
+	require.Len(t, demo.Stories, 2)
+	require.NotNil(t, demo.Stories[0].Refused)
+	require.Equal(t, "FN001", demo.Stories[0].Refused.SQLState)
+	require.Equal(t, "worker-B", demo.Stories[0].Rows[0].Worker)
+	require.Nil(t, demo.Stories[1].Refused)
+	require.Equal(t, "worker-A", demo.Stories[1].Rows[0].Worker)
+	require.NotEmpty(t, demo.Stories[0].Steps)
+}

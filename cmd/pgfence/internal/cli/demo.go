@@ -90,7 +90,13 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration) (err error) {
 	}
 	defer pool.Close()
 
+	// With --json the timeline is collected and printed as one document at
+	// the end; otherwise it is printed as it happens.
 	out := g.stdout
+	if g.json {
+		out = io.Discard
+	}
+	report := demoJSON{Database: dbName}
 	fmt.Fprintf(out, "pgfence demo: a paused worker against a fenced table\n")
 	fmt.Fprintf(out, "database %s on %s:%d (created for this demo, dropped at the end)\n",
 		dbName, cfg.ConnConfig.Host, cfg.ConnConfig.Port)
@@ -107,14 +113,23 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration) (err error) {
 	}
 
 	fmt.Fprintf(out, "\n== 1. Protected table \"report\" (fence.protect('report', 'nightly-report', 'token')) ==\n")
-	refused, err := demoStory(ctx, out, pool, "report", "nightly-report", ttl)
+	protected := storyJSON{Table: "report", Protected: true}
+	refused, err := demoStory(ctx, out, pool, "report", "nightly-report", ttl, &protected)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n== 2. The same story on an unprotected table \"report_unprotected\" ==\n")
-	refusedPlain, err := demoStory(ctx, out, pool, "report_unprotected", "nightly-report-2", ttl)
+	plain := storyJSON{Table: "report_unprotected"}
+	refusedPlain, err := demoStory(ctx, out, pool, "report_unprotected", "nightly-report-2", ttl, &plain)
 	if err != nil {
 		return err
+	}
+	report.Stories = []storyJSON{protected, plain}
+	report.Fenced = refused && !refusedPlain
+	if g.json {
+		if err := g.emit(report, nil); err != nil {
+			return err
+		}
 	}
 
 	fmt.Fprintln(out)
@@ -130,10 +145,48 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration) (err error) {
 
 // demoStory plays the story on one table and reports whether the database
 // refused A's stale write.
-func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, resource string, ttl time.Duration) (refused bool, err error) {
+// demoJSON is the --json shape of pgfence demo.
+type demoJSON struct {
+	Database string      `json:"database"`
+	Stories  []storyJSON `json:"stories"`
+	// Fenced: the protected table refused A's stale write and the
+	// unprotected one did not.
+	Fenced bool `json:"fenced"`
+}
+
+type storyJSON struct {
+	Table     string       `json:"table"`
+	Protected bool         `json:"protected"`
+	Steps     []stepJSON   `json:"steps"`
+	Refused   *refusalJSON `json:"refused,omitempty"`
+	Rows      []demoRow    `json:"rows"`
+}
+
+type stepJSON struct {
+	AtSeconds float64 `json:"at_seconds"`
+	Worker    string  `json:"worker"`
+	Action    string  `json:"action"`
+	Outcome   string  `json:"outcome"`
+}
+
+type refusalJSON struct {
+	SQLState string `json:"sqlstate"`
+	Message  string `json:"message"`
+}
+
+type demoRow struct {
+	Job    string `json:"job"`
+	Worker string `json:"worker"`
+	Result string `json:"result"`
+	Token  int64  `json:"token"`
+}
+
+func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, resource string, ttl time.Duration, rep *storyJSON) (refused bool, err error) {
 	start := time.Now()
 	step := func(who, what, outcome string) {
-		fmt.Fprintf(out, "  %8s  %s  %-50s %s\n", fmt.Sprintf("+%.3fs", time.Since(start).Seconds()), who, what, outcome)
+		at := time.Since(start).Seconds()
+		rep.Steps = append(rep.Steps, stepJSON{AtSeconds: at, Worker: who, Action: what, Outcome: outcome})
+		fmt.Fprintf(out, "  %8s  %s  %-50s %s\n", fmt.Sprintf("+%.3fs", at), who, what, outcome)
 	}
 
 	tokA, ok, err := sqlfuncs.Acquire(ctx, pool, resource, "worker-A", ttl)
@@ -183,6 +236,7 @@ func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, re
 	case errors.As(err, &pgErr):
 		refused = true
 		step("A", fmt.Sprintf("wakes, UPDATE result with token %d", tokA), "REFUSED by the database")
+		rep.Refused = &refusalJSON{SQLState: pgErr.Code, Message: pgErr.Message}
 		fmt.Fprintf(out, "             SQLSTATE %s: %s\n", pgErr.Code, pgErr.Message)
 	default:
 		return false, err
@@ -195,14 +249,11 @@ func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, re
 	if err != nil {
 		return false, err
 	}
-	type row struct {
-		Job, Worker, Result string
-		Token               int64
-	}
-	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[demoRow])
 	if err != nil {
 		return false, err
 	}
+	rep.Rows = all
 	fmt.Fprintf(out, "  rows of %s at the end:\n", table)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "    job\tworker\tresult\ttoken")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -71,12 +72,18 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			state := "clean"
-			if dirty {
-				state = "dirty (a migration failed half-way: repair, then pgfence migrate force VERSION)"
-			}
-			fmt.Fprintf(g.stdout, "version %d, %s\n", v, state)
-			return nil
+			out := struct {
+				Version uint `json:"version"`
+				Dirty   bool `json:"dirty"`
+			}{v, dirty}
+			return g.emit(out, func(w io.Writer) error {
+				state := "clean"
+				if dirty {
+					state = "dirty (a migration failed half-way: repair, then pgfence migrate force VERSION)"
+				}
+				_, err := fmt.Fprintf(w, "version %d, %s\n", v, state)
+				return err
+			})
 		},
 	}
 	return cmd
