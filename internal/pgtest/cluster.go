@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgcluster"
 )
 
 // ClusterDB is the database NewCluster creates (and migrates) for the test.
@@ -31,7 +34,7 @@ type ClusterOptions struct {
 // the shared server it keeps fsync on, since durability across a crash is
 // what such tests check, and it is configured for streaming replication.
 type Cluster struct {
-	inst *instance
+	inst *pgcluster.Instance
 }
 
 // NewCluster initialises and starts a private cluster listening on a free
@@ -43,9 +46,9 @@ type Cluster struct {
 // test needs to control the server process and its files.
 func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	t.Helper()
-	bins, err := findBins()
+	bins, err := pgcluster.FindBins(os.Getenv(EnvBinDir))
 	if err == nil {
-		_, err = pgCredential()
+		err = pgcluster.CheckCredential()
 	}
 	if err != nil {
 		skipOrFatal(t, &unavailableError{reasons: []string{"NewCluster needs local PostgreSQL binaries: " + err.Error()}})
@@ -53,7 +56,7 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
 
-	inst, err := newInstance(bins)
+	inst, err := pgcluster.New(bins)
 	if err != nil {
 		t.Fatalf("pgtest: new cluster: %v", err)
 	}
@@ -76,10 +79,10 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	for _, k := range keys {
 		conf = append(conf, k+" = "+opts.Config[k])
 	}
-	if err := inst.initdb(ctx, conf); err != nil {
+	if err := inst.Initdb(ctx, conf); err != nil {
 		t.Fatalf("pgtest: new cluster: %v", err)
 	}
-	if err := inst.startNewPort(ctx); err != nil {
+	if err := inst.StartNewPort(ctx); err != nil {
 		t.Fatalf("pgtest: start cluster: %v", err)
 	}
 
@@ -105,22 +108,22 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 func (c *Cluster) registerCleanup(t testing.TB) {
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("pgtest: cluster %s (%s), server log tail:\n%s", c.URL(), c.inst.base, c.inst.logTail(40))
+			t.Logf("pgtest: cluster %s (%s), server log tail:\n%s", c.URL(), c.inst.Base, c.inst.LogTail(40))
 			if keep() {
-				c.inst.preserve()
-				t.Logf("pgtest: %s=1: keeping %s (pg_ctl start -D %s -l %s)", EnvKeep, c.inst.base, c.inst.data, c.inst.logfile)
+				c.inst.Preserve()
+				t.Logf("pgtest: %s=1: keeping %s (pg_ctl start -D %s -l %s)", EnvKeep, c.inst.Base, c.inst.Data, c.inst.Logfile)
 				return
 			}
 		}
-		c.inst.destroy()
+		c.inst.Destroy()
 	})
 }
 
 // URL returns the superuser URL of the cluster's fence database.
-func (c *Cluster) URL() string { return c.inst.url(ClusterDB) }
+func (c *Cluster) URL() string { return c.inst.URL(ClusterDB) }
 
 // AdminURL returns the superuser URL of the cluster's postgres database.
-func (c *Cluster) AdminURL() string { return c.inst.url("postgres") }
+func (c *Cluster) AdminURL() string { return c.inst.URL("postgres") }
 
 // URLAs returns URL with the user replaced by role and no password; the
 // cluster uses trust authentication.
@@ -128,17 +131,17 @@ func (c *Cluster) URLAs(role string) string { return URLAs(c.URL(), role) }
 
 // Port returns the TCP port the cluster listens on (on 127.0.0.1). It stays
 // the same across Stop and Start.
-func (c *Cluster) Port() int { return c.inst.port }
+func (c *Cluster) Port() int { return c.inst.Port }
 
 // DataDir returns the cluster's data directory, for tests that inspect or
 // damage its files while it is stopped.
-func (c *Cluster) DataDir() string { return c.inst.data }
+func (c *Cluster) DataDir() string { return c.inst.Data }
 
 // Logfile returns the path of the server log.
-func (c *Cluster) Logfile() string { return c.inst.logfile }
+func (c *Cluster) Logfile() string { return c.inst.Logfile }
 
 // LogTail returns the last n lines of the server log, for failure messages.
-func (c *Cluster) LogTail(n int) string { return c.inst.logTail(n) }
+func (c *Cluster) LogTail(n int) string { return c.inst.LogTail(n) }
 
 // Stop stops the server with pg_ctl's shutdown mode: "immediate" simulates a
 // crash (no checkpoint, recovery at the next start), "fast" is a clean
@@ -152,7 +155,7 @@ func (c *Cluster) Stop(t testing.TB, mode string) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-	if err := c.inst.stop(ctx, mode); err != nil {
+	if err := c.inst.Stop(ctx, mode); err != nil {
 		t.Fatalf("pgtest: stop cluster: %v", err)
 	}
 }
@@ -163,8 +166,8 @@ func (c *Cluster) Start(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-	if err := c.inst.start(ctx); err != nil {
-		t.Fatalf("pgtest: start cluster: %v\nserver log:\n%s", err, c.inst.logTail(30))
+	if err := c.inst.Start(ctx); err != nil {
+		t.Fatalf("pgtest: start cluster: %v\nserver log:\n%s", err, c.inst.LogTail(30))
 	}
 }
 
@@ -183,7 +186,7 @@ func (c *Cluster) NewStandby(t testing.TB) *Cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-	inst, err := newInstance(c.inst.bins)
+	inst, err := pgcluster.New(c.inst.Bins)
 	if err != nil {
 		t.Fatalf("pgtest: new standby: %v", err)
 	}
@@ -191,16 +194,16 @@ func (c *Cluster) NewStandby(t testing.TB) *Cluster {
 	s.registerCleanup(t)
 
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s",
-		c.inst.port, filepath.Base(inst.base))
-	if _, err := inst.run(ctx, "pg_basebackup", "-D", inst.data, "-R", "-X", "stream",
+		c.inst.Port, filepath.Base(inst.Base))
+	if _, err := inst.Run(ctx, "pg_basebackup", "-D", inst.Data, "-R", "-X", "stream",
 		"-c", "fast", "-w", "-d", conninfo); err != nil {
 		t.Fatalf("pgtest: new standby: %v", err)
 	}
-	if err := inst.appendConf([]string{"unix_socket_directories = " + quoteConf(inst.base)}); err != nil {
+	if err := inst.AppendConf([]string{"unix_socket_directories = " + pgcluster.QuoteConf(inst.Base)}); err != nil {
 		t.Fatalf("pgtest: new standby: %v", err)
 	}
-	if err := inst.startNewPort(ctx); err != nil {
-		t.Fatalf("pgtest: start standby: %v\nserver log:\n%s", err, inst.logTail(30))
+	if err := inst.StartNewPort(ctx); err != nil {
+		t.Fatalf("pgtest: start standby: %v\nserver log:\n%s", err, inst.LogTail(30))
 	}
 	err = waitConnect(ctx, s.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		var inRecovery bool
@@ -219,8 +222,8 @@ func (c *Cluster) Promote(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-	if _, err := c.inst.run(ctx, "pg_ctl", "promote", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)), "-D", c.inst.data); err != nil {
-		t.Fatalf("pgtest: promote: %v\nserver log:\n%s", err, c.inst.logTail(30))
+	if _, err := c.inst.Run(ctx, "pg_ctl", "promote", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)), "-D", c.inst.Data); err != nil {
+		t.Fatalf("pgtest: promote: %v\nserver log:\n%s", err, c.inst.LogTail(30))
 	}
 	err := waitConnect(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		var inRecovery bool

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgcluster"
 )
 
 // server is the shared PostgreSQL server of the test binary.
@@ -113,18 +115,18 @@ func findServer() (*server, error) {
 		reasons = append(reasons, "docker: "+err.Error())
 	}
 
-	bins, err := findBins()
+	bins, err := pgcluster.FindBins(os.Getenv(EnvBinDir))
 	if err != nil {
 		reasons = append(reasons, "local binaries: "+err.Error())
 		return nil, &unavailableError{reasons: reasons}
 	}
-	if _, err := pgCredential(); err != nil {
+	if err := pgcluster.CheckCredential(); err != nil {
 		reasons = append(reasons, "local binaries: "+err.Error())
 		return nil, &unavailableError{reasons: reasons}
 	}
 	srv, err := startLocalServer(bins)
 	if err != nil {
-		return nil, fmt.Errorf("local server from %s: %w", bins.dir, err)
+		return nil, fmt.Errorf("local server from %s: %w", bins.Dir, err)
 	}
 	return srv, nil
 }
@@ -147,10 +149,10 @@ func openServer(source, adminURL string, stop func()) (*server, error) {
 // startLocalServer initialises and starts the shared throwaway cluster. It
 // trades durability for speed (fsync off), which ordinary tests do not
 // observe; fault tests use NewCluster instead.
-func startLocalServer(bins pgBins) (*server, error) {
+func startLocalServer(bins pgcluster.Bins) (*server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	inst, err := newInstance(bins)
+	inst, err := pgcluster.New(bins)
 	if err != nil {
 		return nil, err
 	}
@@ -160,24 +162,24 @@ func startLocalServer(bins pgBins) (*server, error) {
 		"full_page_writes = off",
 		"max_connections = 300",
 	}
-	if err := inst.initdb(ctx, conf); err != nil {
-		inst.destroy()
+	if err := inst.Initdb(ctx, conf); err != nil {
+		inst.Destroy()
 		return nil, err
 	}
-	if err := inst.startNewPort(ctx); err != nil {
-		err = fmt.Errorf("%w\nserver log:\n%s", err, inst.logTail(30))
-		inst.destroy()
+	if err := inst.StartNewPort(ctx); err != nil {
+		err = fmt.Errorf("%w\nserver log:\n%s", err, inst.LogTail(30))
+		inst.Destroy()
 		return nil, err
 	}
-	srv, err := openServer("local", inst.url("postgres"), inst.destroy)
+	srv, err := openServer("local", inst.URL("postgres"), inst.Destroy)
 	if err != nil {
-		inst.destroy()
+		inst.Destroy()
 		return nil, err
 	}
 	srv.preserve = func() {
-		inst.preserve()
+		inst.Preserve()
 		fmt.Fprintf(os.Stderr, "pgtest: %s=1: kept the local server with the failed tests' databases in %s; start it with: pg_ctl start -D %s -l %s\n",
-			EnvKeep, inst.base, inst.data, inst.logfile)
+			EnvKeep, inst.Base, inst.Data, inst.Logfile)
 	}
 	return srv, nil
 }

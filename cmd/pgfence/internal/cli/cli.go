@@ -119,6 +119,11 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// unreachableError marks a server that did not answer at all.
+type unreachableError struct{ error }
+
+func (e unreachableError) Unwrap() error { return e.error }
+
 // usageError marks errors in the command line.
 type usageError struct{ error }
 
@@ -159,8 +164,8 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 		if errors.As(err, &pgErr) {
 			return nil, fmt.Errorf("connecting to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 		}
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d (%v); start it (for example `pg_ctlcluster 15 main start`) or point --database-url / DATABASE_URL at a running server",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		return nil, unreachableError{fmt.Errorf("cannot reach PostgreSQL at %s:%d (%v); start it (for example `pg_ctlcluster 15 main start`) or point --database-url / DATABASE_URL at a running server",
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)}
 	}
 	return pool, nil
 }

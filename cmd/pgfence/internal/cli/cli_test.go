@@ -2,12 +2,14 @@ package cli_test
 
 import (
 	"bytes"
+	"os"
 	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
+	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -66,4 +68,25 @@ func TestUnreachableDatabaseSaysWhatToDo(t *testing.T) {
 	require.Contains(t, errOut, "cannot reach PostgreSQL")
 	require.Contains(t, errOut, "start it")
 	require.Equal(t, 1, bytes.Count([]byte(errOut), []byte("\n")), "one line: %q", errOut)
+}
+
+// TestDemoOnAThrowawayCluster: with --throwaway (and, automatically, when no
+// connection is configured and nothing answers at the default address) the
+// demo starts a cluster from this machine's PostgreSQL binaries, says so,
+// and removes it.
+func TestDemoOnAThrowawayCluster(t *testing.T) {
+	t.Parallel()
+	if _, err := pgcluster.FindBins(os.Getenv(pgtest.EnvBinDir)); err != nil {
+		if os.Getenv(pgtest.EnvRequireDB) == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	code, out, errOut := run(t, "demo", "--throwaway", "--ttl", "300ms")
+	require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)
+	require.Contains(t, errOut, "started a throwaway PostgreSQL cluster")
+	require.Contains(t, out, "REFUSED by the database")
+	dir := regexp.MustCompile(`\(in (\S+); removed at the end\)`).FindStringSubmatch(errOut)
+	require.Len(t, dir, 2, errOut)
+	require.NoDirExists(t, dir[1], "the throwaway cluster was removed")
 }

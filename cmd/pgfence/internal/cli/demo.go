@@ -16,11 +16,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 func newDemoCmd(g *globals) *cobra.Command {
-	var ttl time.Duration
+	var (
+		ttl       time.Duration
+		throwaway bool
+	)
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Show a paused worker being fenced off, against a real database",
@@ -33,7 +37,12 @@ unprotected table A's write silently overwrites B's: the lost update fencing
 prevents.
 
 The demo works in a database of its own (pgfence_demo_XXXX, created and dropped
-by the demo), so it leaves nothing behind in yours. The role needs CREATEDB.`,
+by the demo), so it leaves nothing behind in yours. The role needs CREATEDB.
+
+When no connection was configured and nothing answers at the default
+address, or with --throwaway, the demo starts a throwaway cluster from the
+PostgreSQL server binaries installed on this machine (initdb, pg_ctl), says
+so, and removes it at the end.`,
 		Example: `  pgfence demo
   pgfence demo --database-url postgres://postgres@localhost:5432/postgres --ttl 2s`,
 		Args: cobra.NoArgs,
@@ -41,11 +50,41 @@ by the demo), so it leaves nothing behind in yours. The role needs CREATEDB.`,
 			if ttl < 10*time.Millisecond || ttl > time.Minute {
 				return usageError{fmt.Errorf("--ttl must be between 10ms and 1m")}
 			}
-			return runDemo(cmd.Context(), g, ttl)
+			return runDemo(cmd.Context(), g, ttl, throwaway)
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Second, "TTL of the workers' leases (A pauses past it)")
+	cmd.Flags().BoolVar(&throwaway, "throwaway", false, "run against a throwaway cluster started from local PostgreSQL binaries")
 	return cmd
+}
+
+// startThrowaway starts a cluster from this machine's PostgreSQL binaries and
+// returns its superuser URL and the function that removes it.
+func startThrowaway(ctx context.Context, log io.Writer) (string, func(), error) {
+	bins, err := pgcluster.FindBins("")
+	if err != nil {
+		return "", nil, fmt.Errorf("no local PostgreSQL binaries to start a throwaway cluster: %w", err)
+	}
+	if err := pgcluster.CheckCredential(); err != nil {
+		return "", nil, err
+	}
+	inst, err := pgcluster.New(bins)
+	if err != nil {
+		return "", nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, pgcluster.Timeout)
+	defer cancel()
+	if err := inst.Initdb(sctx, nil); err != nil {
+		inst.Destroy()
+		return "", nil, err
+	}
+	if err := inst.StartNewPort(sctx); err != nil {
+		inst.Destroy()
+		return "", nil, err
+	}
+	fmt.Fprintf(log, "pgfence demo: started a throwaway PostgreSQL cluster from %s on 127.0.0.1:%d (in %s; removed at the end)\n",
+		bins.Dir, inst.Port, inst.Base)
+	return inst.URL("postgres"), inst.Destroy, nil
 }
 
 // The demo's own SQL: its tables. Everything that calls the kit goes through
@@ -59,10 +98,30 @@ const (
 	demoRows     = `SELECT job, worker, result, token FROM %s ORDER BY job`
 )
 
-func runDemo(ctx context.Context, g *globals, ttl time.Duration) (err error) {
-	admin, err := g.connect(ctx)
-	if err != nil {
-		return err
+func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool) (err error) {
+	var admin *pgxpool.Pool
+	if !throwaway {
+		admin, err = g.connect(ctx)
+		var unreachable unreachableError
+		if errors.As(err, &unreachable) && g.connString() == DefaultDatabaseURL {
+			fmt.Fprintf(g.stderr, "pgfence demo: no PostgreSQL answered at %s; trying a throwaway cluster\n", DefaultDatabaseURL)
+			throwaway = true
+		} else if err != nil {
+			return err
+		}
+	}
+	if throwaway {
+		url, stop, terr := startThrowaway(ctx, g.stderr)
+		if terr != nil {
+			if err != nil {
+				return fmt.Errorf("%w; and no throwaway cluster either: %w", err, terr)
+			}
+			return terr
+		}
+		defer stop()
+		if admin, err = connectTo(ctx, url); err != nil {
+			return err
+		}
 	}
 	defer admin.Close()
 

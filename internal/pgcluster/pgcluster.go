@@ -1,4 +1,9 @@
-package pgtest
+// Package pgcluster starts throwaway PostgreSQL clusters from the server
+// binaries installed on this machine: initdb into a temporary directory,
+// start on a free loopback port, stop and remove. The test harness
+// (internal/pgtest) and pgfence demo (when no server answers) use it. As
+// root, the binaries run as the OS user postgres (initdb refuses root).
+package pgcluster
 
 import (
 	"bytes"
@@ -16,31 +21,33 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// pgBins is a directory holding the server binaries of one PostgreSQL
+// Bins is a directory holding the server binaries of one PostgreSQL
 // version. All tools are taken from the same directory, so that initdb,
 // postgres and pg_basebackup agree on the version (and Debian's pg_wrapper
 // scripts in /usr/bin are bypassed).
-type pgBins struct{ dir string }
+type Bins struct{ Dir string }
 
-func (b pgBins) path(tool string) string { return filepath.Join(b.dir, tool) }
+func (b Bins) Path(tool string) string { return filepath.Join(b.Dir, tool) }
 
 var (
 	binsOnce sync.Once
-	binsVal  pgBins
+	binsVal  Bins
 	binsErr  error
 )
 
-// findBins locates initdb and pg_ctl: PGFENCE_TEST_PG_BINDIR, then PATH,
+// FindBins locates initdb and pg_ctl: override (a directory) when set, then PATH,
 // then pg_config --bindir, then well-known install directories (highest
 // version first).
-func findBins() (pgBins, error) {
-	binsOnce.Do(func() { binsVal, binsErr = lookupBins() })
+func FindBins(override string) (Bins, error) {
+	binsOnce.Do(func() { binsVal, binsErr = lookupBins(override) })
 	return binsVal, binsErr
 }
 
-func lookupBins() (pgBins, error) {
+func lookupBins(override string) (Bins, error) {
 	usable := func(dir string) bool {
 		for _, tool := range []string{"initdb", "pg_ctl", "postgres"} {
 			if fi, err := os.Stat(filepath.Join(dir, tool)); err != nil || fi.IsDir() {
@@ -49,23 +56,23 @@ func lookupBins() (pgBins, error) {
 		}
 		return true
 	}
-	if d := os.Getenv(EnvBinDir); d != "" {
+	if d := override; d != "" {
 		if usable(d) {
-			return pgBins{dir: d}, nil
+			return Bins{Dir: d}, nil
 		}
-		return pgBins{}, fmt.Errorf("%s=%s lacks initdb, pg_ctl or postgres", EnvBinDir, d)
+		return Bins{}, fmt.Errorf("%s lacks initdb, pg_ctl or postgres", d)
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if r, err := filepath.EvalSymlinks(p); err == nil && usable(filepath.Dir(r)) {
-			return pgBins{dir: filepath.Dir(r)}, nil
+			return Bins{Dir: filepath.Dir(r)}, nil
 		}
 		if usable(filepath.Dir(p)) {
-			return pgBins{dir: filepath.Dir(p)}, nil
+			return Bins{Dir: filepath.Dir(p)}, nil
 		}
 	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
 		if d := strings.TrimSpace(string(out)); usable(d) {
-			return pgBins{dir: d}, nil
+			return Bins{Dir: d}, nil
 		}
 	}
 	var dirs []string
@@ -82,10 +89,10 @@ func lookupBins() (pgBins, error) {
 	sort.SliceStable(dirs, func(i, j int) bool { return dirVersion(dirs[i]) > dirVersion(dirs[j]) })
 	for _, d := range dirs {
 		if usable(d) {
-			return pgBins{dir: d}, nil
+			return Bins{Dir: d}, nil
 		}
 	}
-	return pgBins{}, errors.New("initdb/pg_ctl not found (PATH, pg_config --bindir, /usr/lib/postgresql/*/bin)")
+	return Bins{}, errors.New("initdb/pg_ctl not found (PATH, pg_config --bindir, /usr/lib/postgresql/*/bin)")
 }
 
 var versionRe = regexp.MustCompile(`(\d+)(?:\.(\d+))?`)
@@ -112,6 +119,13 @@ var (
 	credErr  error
 )
 
+// CheckCredential reports whether the server binaries can be run: not as
+// root, so as root only when the OS user postgres exists.
+func CheckCredential() error {
+	_, err := pgCredential()
+	return err
+}
+
 // pgCredential returns the credential to run server binaries with: nil when
 // not root (they run as the current user), the OS user postgres when root,
 // because initdb and postgres refuse to run as root.
@@ -136,22 +150,30 @@ func pgCredential() (*osCred, error) {
 	return credVal, credErr
 }
 
-// instance is one throwaway cluster on disk: base holds the data directory,
+// Instance is one throwaway cluster on disk: base holds the data directory,
 // the server log, the unix socket and an owner file naming the test process,
 // so that a later run can reap it if this one dies before cleaning up.
-type instance struct {
-	bins    pgBins
-	base    string
-	data    string
-	logfile string
-	port    int
+type Instance struct {
+	// Bins is where the server binaries come from.
+	Bins Bins
+	// Base is the cluster's directory: data directory, log, unix socket.
+	Base string
+	// Data is the data directory.
+	Data string
+	// Logfile is the server log.
+	Logfile string
+	// Port is the loopback TCP port the server listens on.
+	Port int
 }
 
-const instancePrefix = "pgtest-"
+const instancePrefix = "pgfence-pg-"
 
-// newInstance creates the directory of a new cluster, owned by the user the
+// Timeout bounds each server operation (start, stop, initdb).
+const Timeout = 2 * time.Minute
+
+// New creates the directory of a new cluster, owned by the user the
 // server runs as.
-func newInstance(bins pgBins) (*instance, error) {
+func New(bins Bins) (*Instance, error) {
 	reapStale(bins)
 	cred, err := pgCredential()
 	if err != nil {
@@ -171,31 +193,31 @@ func newInstance(bins pgBins) (*instance, error) {
 			return nil, fmt.Errorf("chown %s to the postgres user: %w", base, err)
 		}
 	}
-	return &instance{
-		bins:    bins,
-		base:    base,
-		data:    filepath.Join(base, "data"),
-		logfile: filepath.Join(base, "server.log"),
+	return &Instance{
+		Bins:    bins,
+		Base:    base,
+		Data:    filepath.Join(base, "data"),
+		Logfile: filepath.Join(base, "server.log"),
 	}, nil
 }
 
-// initdb creates the data directory and appends conf lines to
+// Initdb creates the data directory and appends conf lines to
 // postgresql.conf.
-func (in *instance) initdb(ctx context.Context, conf []string) error {
-	if _, err := in.run(ctx, "initdb", "-D", in.data, "-A", "trust", "-U", "postgres",
+func (in *Instance) Initdb(ctx context.Context, conf []string) error {
+	if _, err := in.Run(ctx, "initdb", "-D", in.Data, "-A", "trust", "-U", "postgres",
 		"--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
 		return err
 	}
-	return in.appendConf(append([]string{
+	return in.AppendConf(append([]string{
 		"listen_addresses = '127.0.0.1'",
-		"unix_socket_directories = " + quoteConf(in.base),
+		"unix_socket_directories = " + QuoteConf(in.Base),
 	}, conf...))
 }
 
-// appendConf appends settings to postgresql.conf; later lines win, which is
+// AppendConf appends settings to postgresql.conf; later lines win, which is
 // how a standby overrides the port it inherited from its primary.
-func (in *instance) appendConf(lines []string) error {
-	f, err := os.OpenFile(filepath.Join(in.data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+func (in *Instance) AppendConf(lines []string) error {
+	f, err := os.OpenFile(filepath.Join(in.Data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("open postgresql.conf: %w", err)
 	}
@@ -209,9 +231,9 @@ func (in *instance) appendConf(lines []string) error {
 	return nil
 }
 
-// startNewPort picks a free port and starts the server on it, picking
+// StartNewPort picks a free port and starts the server on it, picking
 // another if some other process grabbed the port in between.
-func (in *instance) startNewPort(ctx context.Context) error {
+func (in *Instance) StartNewPort(ctx context.Context) error {
 	var err error
 	for range 3 {
 		var port int
@@ -219,79 +241,79 @@ func (in *instance) startNewPort(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err = in.appendConf([]string{"port = " + strconv.Itoa(port)}); err != nil {
+		if err = in.AppendConf([]string{"port = " + strconv.Itoa(port)}); err != nil {
 			return err
 		}
-		in.port = port
-		if err = in.start(ctx); err == nil {
+		in.Port = port
+		if err = in.Start(ctx); err == nil {
 			return nil
 		}
-		if !strings.Contains(in.logTail(20), "already in use") {
+		if !strings.Contains(in.LogTail(20), "already in use") {
 			return err
 		}
 	}
 	return err
 }
 
-// start starts the server and waits until it accepts connections (pg_ctl -w
+// Start starts the server and waits until it accepts connections (pg_ctl -w
 // waits for crash recovery, and for a standby until it allows read-only
 // connections).
-func (in *instance) start(ctx context.Context) error {
-	if _, err := in.run(ctx, "pg_ctl", "start", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)),
-		"-D", in.data, "-l", in.logfile); err != nil {
+func (in *Instance) Start(ctx context.Context) error {
+	if _, err := in.Run(ctx, "pg_ctl", "start", "-w", "-t", strconv.Itoa(int(Timeout/time.Second)),
+		"-D", in.Data, "-l", in.Logfile); err != nil {
 		return err
 	}
-	return waitConnect(ctx, in.url("postgres"), nil)
+	return waitReady(ctx, in.URL("postgres"))
 }
 
-// stop stops the server with the given pg_ctl shutdown mode.
-func (in *instance) stop(ctx context.Context, mode string) error {
-	_, err := in.run(ctx, "pg_ctl", "stop", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)),
-		"-D", in.data, "-m", mode)
+// Stop stops the server with the given pg_ctl shutdown mode.
+func (in *Instance) Stop(ctx context.Context, mode string) error {
+	_, err := in.Run(ctx, "pg_ctl", "stop", "-w", "-t", strconv.Itoa(int(Timeout/time.Second)),
+		"-D", in.Data, "-m", mode)
 	return err
 }
 
-// running reports whether a postmaster runs on the data directory.
-func (in *instance) running(ctx context.Context) bool {
-	_, err := in.run(ctx, "pg_ctl", "status", "-D", in.data)
+// Running reports whether a postmaster runs on the data directory.
+func (in *Instance) Running(ctx context.Context) bool {
+	_, err := in.Run(ctx, "pg_ctl", "status", "-D", in.Data)
 	return err == nil
 }
 
-// destroy stops the server, if any, and removes the whole directory.
-func (in *instance) destroy() {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+// Destroy stops the server, if any, and removes the whole directory.
+func (in *Instance) Destroy() {
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
 	defer cancel()
-	if in.running(ctx) {
-		if err := in.stop(ctx, "immediate"); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: stop cluster in %s: %v\n", in.base, err)
+	if in.Running(ctx) {
+		if err := in.Stop(ctx, "immediate"); err != nil {
+			fmt.Fprintf(os.Stderr, "pgcluster: stop cluster in %s: %v\n", in.Base, err)
 		}
 	}
-	if err := os.RemoveAll(in.base); err != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: remove %s: %v\n", in.base, err)
+	if err := os.RemoveAll(in.Base); err != nil {
+		fmt.Fprintf(os.Stderr, "pgcluster: remove %s: %v\n", in.Base, err)
 	}
 }
 
-// preserve stops the server cleanly and keeps its directory for a person to
+// Preserve stops the server cleanly and keeps its directory for a person to
 // inspect, removing the owner file so that no later run reaps it.
-func (in *instance) preserve() {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+func (in *Instance) Preserve() {
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
 	defer cancel()
-	if in.running(ctx) {
-		if err := in.stop(ctx, "fast"); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: stop cluster in %s: %v\n", in.base, err)
+	if in.Running(ctx) {
+		if err := in.Stop(ctx, "fast"); err != nil {
+			fmt.Fprintf(os.Stderr, "pgcluster: stop cluster in %s: %v\n", in.Base, err)
 		}
 	}
-	_ = os.Remove(filepath.Join(in.base, "owner.pid"))
+	_ = os.Remove(filepath.Join(in.Base, "owner.pid"))
 }
 
-// url returns the superuser URL of database db.
-func (in *instance) url(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", in.port, db)
+// URL returns the superuser URL of database db.
+func (in *Instance) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", in.Port, db)
 }
 
-// logTail returns the last n lines of the server log.
-func (in *instance) logTail(n int) string {
-	b, err := os.ReadFile(in.logfile)
+// LogTail returns the last n lines of the server log.
+func (in *Instance) LogTail(n int) string {
+	b, err := os.ReadFile(in.Logfile)
 	if err != nil {
 		return fmt.Sprintf("(no server log: %v)", err)
 	}
@@ -302,14 +324,14 @@ func (in *instance) logTail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// run runs a server tool from the instance's bin directory, as the server's
-// OS user, in the instance directory (a root-owned working directory would
+// Run runs a server tool from the Instance's bin directory, as the server's
+// OS user, in the Instance directory (a root-owned working directory would
 // make initdb fail), with PG* variables removed so that the caller's
 // environment cannot redirect it.
-func (in *instance) run(ctx context.Context, tool string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, in.bins.path(tool), args...)
-	cmd.Dir = in.base
-	cmd.Env = toolEnv(in.base)
+func (in *Instance) Run(ctx context.Context, tool string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, in.Bins.Path(tool), args...)
+	cmd.Dir = in.Base
+	cmd.Env = toolEnv(in.Base)
 	cmd.WaitDelay = 5 * time.Second
 	cred, err := pgCredential()
 	if err != nil {
@@ -323,6 +345,23 @@ func (in *instance) run(ctx context.Context, tool string, args ...string) (strin
 		return out.String(), fmt.Errorf("%s %s: %w\n%s", tool, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return out.String(), nil
+}
+
+// waitReady waits until the server accepts connections on connURL.
+func waitReady(ctx context.Context, connURL string) error {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		conn, err := pgx.Connect(cctx, connURL)
+		cancel()
+		if err == nil {
+			return conn.Close(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the server on %s: %w", connURL, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func toolEnv(home string) []string {
@@ -349,13 +388,14 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func quoteConf(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// QuoteConf quotes s as a postgresql.conf string value.
+func QuoteConf(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 var reapOnce sync.Once
 
 // reapStale stops and removes clusters left behind by test processes that
 // died without cleaning up (a timeout panic, a kill), once per process.
-func reapStale(bins pgBins) {
+func reapStale(bins Bins) {
 	reapOnce.Do(func() {
 		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), instancePrefix+"*"))
 		for _, base := range dirs {
@@ -367,7 +407,7 @@ func reapStale(bins pgBins) {
 			if err != nil || pid == os.Getpid() || processAlive(pid) {
 				continue
 			}
-			(&instance{bins: bins, base: base, data: filepath.Join(base, "data")}).destroy()
+			(&Instance{Bins: bins, Base: base, Data: filepath.Join(base, "data")}).Destroy()
 		}
 	})
 }
