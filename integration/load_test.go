@@ -36,7 +36,8 @@ const envLoadDuration = "PGFENCE_LOAD_DURATION"
 // vacuumed (renewals are HOT updates), and that the Go client's memory stays
 // flat (heap after GC at the end within a margin of the heap after warm-up).
 func TestSustainedLoad(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it measures the lease table and the client's heap, which
+	// other tests running at the same time would disturb.
 	duration := 3 * time.Second
 	if v := os.Getenv(envLoadDuration); v != "" {
 		d, err := time.ParseDuration(v)
@@ -145,8 +146,9 @@ func TestSustainedLoad(t *testing.T) {
 	stopWarm()
 	heapBefore := heap()
 
-	// Two halves with a VACUUM between them (what autovacuum does in
-	// production): the second half must reuse the space the first freed.
+	// Three thirds with a VACUUM after each (what autovacuum does in
+	// production): once the table has been vacuumed, the space it frees is
+	// reused, so after the first cycle the table stops growing.
 	pagesAfterVacuum := func() int64 {
 		_, err := db.Pool.Exec(ctx, `VACUUM fence.lease`)
 		require.NoError(t, err)
@@ -154,9 +156,9 @@ func TestSustainedLoad(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_relation_size('fence.lease') / current_setting('block_size')::int`).Scan(&pages))
 		return pages
 	}
-	var pages [2]int64
-	for half := range 2 {
-		run, stop := context.WithTimeout(ctx, duration/2)
+	var pages [3]int64
+	for half := range 3 {
+		run, stop := context.WithTimeout(ctx, duration/3)
 		for w := range 8 {
 			wg.Go(func() { worker(run, 100*(half+1)+w) })
 		}
@@ -175,7 +177,11 @@ func TestSustainedLoad(t *testing.T) {
 	var rows int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM fence.lease`).Scan(&rows))
 	require.LessOrEqual(t, rows, resources, "one lease row per resource, whatever the number of grants")
-	require.LessOrEqual(t, pages[1], pages[0]+pages[0]/2+2, "the lease table kept growing after VACUUM: %d then %d pages", pages[0], pages[1])
+	// VACUUM may or may not truncate the file's tail (it depends on where
+	// the live versions landed), so compare with the larger of the first two
+	// cycles: the third must not need more.
+	require.LessOrEqual(t, pages[2], max(pages[0], pages[1])+2,
+		"the lease table kept growing after VACUUM: %v pages", pages)
 	var dead, hot, upd int64
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT n_dead_tup, n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relid = 'fence.lease'::regclass`).Scan(&dead, &hot, &upd))
 
@@ -184,7 +190,7 @@ func TestSustainedLoad(t *testing.T) {
 	require.Less(t, float64(heapAfter), float64(heapBefore)*1.5+4<<20,
 		"Go heap grew from %d to %d bytes", heapBefore, heapAfter)
 	t.Logf("load for %s: %d grants, %d renewals, %d releases, %d writes, %d held, %d stale writes refused after a loss; "+
-		"lease table %d rows, %d then %d pages after VACUUM, %d of %d updates HOT (renewals and releases are; grants are key updates); heap %d -> %d bytes",
+		"lease table %d rows, %v pages after each VACUUM, %d of %d updates HOT (renewals and releases are; grants are key updates); heap %d -> %d bytes",
 		duration, grants.Load(), renews.Load(), releases.Load(), writes.Load(), held.Load(), lostWrites.Load(),
-		rows, pages[0], pages[1], hot, upd, heapBefore, heapAfter)
+		rows, pages, hot, upd, heapBefore, heapAfter)
 }
