@@ -195,6 +195,17 @@ func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Clie
 	return c, pool, nil
 }
 
+// withClient connects, runs fn with a client, and closes both.
+func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*gofence.Client) error) error {
+	c, pool, err := g.client(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	defer c.Close()
+	return fn(c)
+}
+
 // oneLine folds an error onto a single line.
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")

@@ -44,29 +44,25 @@ Exit code 3 when another live lease holds the resource (without --wait).`,
 				return usageError{errors.New("--timeout goes with --wait")}
 			}
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{TTL: ttl, Holder: holder})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			defer c.Close()
-			l, err := takeLease(ctx, c, args[0], wait, timeout)
-			if errors.Is(err, context.DeadlineExceeded) {
-				return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s", args[0], timeout)}
-			}
-			if errors.Is(err, gofence.ErrHeld) {
-				return exitError{ExitHeld, fmt.Errorf("%w (or pass --wait)", err)}
-			}
-			if err != nil {
-				return err
-			}
-			exp := l.ExpiresAt()
-			if info, ok, err := c.LeaseOf(ctx, args[0]); err == nil && ok {
-				exp = info.ExpiresAt
-			}
-			return g.emit(leaseJSON{Resource: l.Resource(), Token: l.Token(), Holder: l.Holder(), ExpiresAt: &exp}, func(w io.Writer) error {
-				_, err := fmt.Fprintln(w, l.Token())
-				return err
+			return g.withClient(ctx, gofence.Config{TTL: ttl, Holder: holder}, func(c *gofence.Client) error {
+				l, err := takeLease(ctx, c, args[0], wait, timeout)
+				if errors.Is(err, context.DeadlineExceeded) {
+					return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s", args[0], timeout)}
+				}
+				if errors.Is(err, gofence.ErrHeld) {
+					return exitError{ExitHeld, fmt.Errorf("%w (or pass --wait)", err)}
+				}
+				if err != nil {
+					return err
+				}
+				exp := l.ExpiresAt()
+				if info, ok, err := c.LeaseOf(ctx, args[0]); err == nil && ok {
+					exp = info.ExpiresAt
+				}
+				return g.emit(leaseJSON{Resource: l.Resource(), Token: l.Token(), Holder: l.Holder(), ExpiresAt: &exp}, func(w io.Writer) error {
+					_, err := fmt.Fprintln(w, l.Token())
+					return err
+				})
 			})
 		},
 	}
@@ -118,21 +114,18 @@ func newRenewCmd(g *globals) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{TTL: ttl})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			exp, err := c.RenewToken(ctx, args[0], tok)
-			if errors.Is(err, gofence.ErrLost) {
-				return exitError{ExitHeld, err}
-			}
-			if err != nil {
-				return err
-			}
-			return g.emit(leaseJSON{Resource: args[0], Token: tok, ExpiresAt: &exp}, func(w io.Writer) error {
-				_, err := fmt.Fprintln(w, exp.Format(time.RFC3339Nano))
-				return err
+			return g.withClient(ctx, gofence.Config{TTL: ttl}, func(c *gofence.Client) error {
+				exp, err := c.RenewToken(ctx, args[0], tok)
+				if errors.Is(err, gofence.ErrLost) {
+					return exitError{ExitHeld, err}
+				}
+				if err != nil {
+					return err
+				}
+				return g.emit(leaseJSON{Resource: args[0], Token: tok, ExpiresAt: &exp}, func(w io.Writer) error {
+					_, err := fmt.Fprintln(w, exp.Format(time.RFC3339Nano))
+					return err
+				})
 			})
 		},
 	}
@@ -156,22 +149,19 @@ superseded) prints "not live" and exits 0, and never touches a newer lease.`,
 				return err
 			}
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			released, err := c.ReleaseToken(ctx, args[0], tok)
-			if err != nil {
-				return err
-			}
-			return g.emit(leaseJSON{Resource: args[0], Token: tok, Released: &released}, func(w io.Writer) error {
-				msg := "released"
-				if !released {
-					msg = "not live (already released, expired or superseded): nothing to do"
+			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
+				released, err := c.ReleaseToken(ctx, args[0], tok)
+				if err != nil {
+					return err
 				}
-				_, err := fmt.Fprintln(w, msg)
-				return err
+				return g.emit(leaseJSON{Resource: args[0], Token: tok, Released: &released}, func(w io.Writer) error {
+					msg := "released"
+					if !released {
+						msg = "not live (already released, expired or superseded): nothing to do"
+					}
+					_, err := fmt.Fprintln(w, msg)
+					return err
+				})
 			})
 		},
 	}
@@ -192,18 +182,15 @@ privilege (fence.grant_usage(role, operator => true)).`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			tok, err := c.Revoke(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			return g.emit(leaseJSON{Resource: args[0], Token: tok}, func(w io.Writer) error {
-				_, err := fmt.Fprintln(w, tok)
-				return err
+			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
+				tok, err := c.Revoke(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				return g.emit(leaseJSON{Resource: args[0], Token: tok}, func(w io.Writer) error {
+					_, err := fmt.Fprintln(w, tok)
+					return err
+				})
 			})
 		},
 	}
@@ -231,64 +218,64 @@ func newStatusCmd(g *globals) *cobra.Command {
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			var infos []gofence.LeaseInfo
-			if len(args) == 1 {
-				info, ok, err := c.LeaseOf(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				if !ok {
-					return exitError{ExitError, fmt.Errorf("%s has never been granted", args[0])}
-				}
-				infos = []gofence.LeaseInfo{info}
-			} else if infos, err = c.Leases(ctx); err != nil {
-				return err
-			}
-			rows := make([]statusJSON, len(infos))
-			for i, in := range infos {
-				r := statusJSON{Resource: in.Resource, Holder: in.Holder, Token: in.Token, Kind: in.Kind, Live: in.Live, AcquiredAt: in.AcquiredAt}
-				if !in.ExpiresAt.IsZero() {
-					exp, left := in.ExpiresAt, in.ExpiresAt.Sub(in.ServerNow).Seconds()
-					r.ExpiresAt, r.ExpiresInSeconds = &exp, &left
-				}
-				if !in.EndedAt.IsZero() {
-					ended := in.EndedAt
-					r.EndedAt = &ended
-				}
-				rows[i] = r
-			}
-			return g.emit(rows, func(w io.Writer) error {
-				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "RESOURCE\tHOLDER\tTOKEN\tKIND\tSTATE\tEXPIRES IN")
-				for _, r := range rows {
-					state, expires := "free", "-"
-					switch {
-					case r.Live:
-						state = "live"
-					case r.Kind == "revoked":
-						state = "revoked"
-					case r.EndedAt != nil:
-						state = "released"
-					case r.ExpiresAt != nil:
-						state = "expired"
+			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
+				var infos []gofence.LeaseInfo
+				if len(args) == 1 {
+					info, ok, err := c.LeaseOf(ctx, args[0])
+					if err != nil {
+						return err
 					}
-					if r.ExpiresInSeconds != nil {
-						expires = (time.Duration(*r.ExpiresInSeconds * float64(time.Second))).Round(time.Millisecond).String()
-					} else if r.Kind == "session" && r.Live {
-						expires = "with its session"
+					if !ok {
+						return exitError{ExitError, fmt.Errorf("%s has never been granted", args[0])}
 					}
-					holder := r.Holder
-					if holder == "" {
-						holder = "-"
+					infos = []gofence.LeaseInfo{info}
+				} else {
+					var err error
+					if infos, err = c.Leases(ctx); err != nil {
+						return err
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Resource, holder, r.Token, r.Kind, state, expires)
 				}
-				return tw.Flush()
+				rows := make([]statusJSON, len(infos))
+				for i, in := range infos {
+					r := statusJSON{Resource: in.Resource, Holder: in.Holder, Token: in.Token, Kind: in.Kind, Live: in.Live, AcquiredAt: in.AcquiredAt}
+					if !in.ExpiresAt.IsZero() {
+						exp, left := in.ExpiresAt, in.ExpiresAt.Sub(in.ServerNow).Seconds()
+						r.ExpiresAt, r.ExpiresInSeconds = &exp, &left
+					}
+					if !in.EndedAt.IsZero() {
+						ended := in.EndedAt
+						r.EndedAt = &ended
+					}
+					rows[i] = r
+				}
+				return g.emit(rows, func(w io.Writer) error {
+					tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+					fmt.Fprintln(tw, "RESOURCE\tHOLDER\tTOKEN\tKIND\tSTATE\tEXPIRES IN")
+					for _, r := range rows {
+						state, expires := "free", "-"
+						switch {
+						case r.Live:
+							state = "live"
+						case r.Kind == "revoked":
+							state = "revoked"
+						case r.EndedAt != nil:
+							state = "released"
+						case r.ExpiresAt != nil:
+							state = "expired"
+						}
+						if r.ExpiresInSeconds != nil {
+							expires = (time.Duration(*r.ExpiresInSeconds * float64(time.Second))).Round(time.Millisecond).String()
+						} else if r.Kind == "session" && r.Live {
+							expires = "with its session"
+						}
+						holder := r.Holder
+						if holder == "" {
+							holder = "-"
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Resource, holder, r.Token, r.Kind, state, expires)
+					}
+					return tw.Flush()
+				})
 			})
 		},
 	}
@@ -312,22 +299,19 @@ table's owner may protect it.`,
 				return usageError{errors.New("--resource is required")}
 			}
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if err := c.Protect(ctx, args[0], resource, column); err != nil {
-				return err
-			}
-			out := map[string]string{"table": args[0], "resource": resource, "token_column": column}
-			return g.emit(out, func(w io.Writer) error {
-				mode := "token from fence.use_token"
-				if column != "" {
-					mode = "token from column " + column
+			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
+				if err := c.Protect(ctx, args[0], resource, column); err != nil {
+					return err
 				}
-				_, err := fmt.Fprintf(w, "protected %s with resource %s (%s)\n", args[0], resource, mode)
-				return err
+				out := map[string]string{"table": args[0], "resource": resource, "token_column": column}
+				return g.emit(out, func(w io.Writer) error {
+					mode := "token from fence.use_token"
+					if column != "" {
+						mode = "token from column " + column
+					}
+					_, err := fmt.Fprintf(w, "protected %s with resource %s (%s)\n", args[0], resource, mode)
+					return err
+				})
 			})
 		},
 	}
@@ -344,17 +328,14 @@ func newUnprotectCmd(g *globals) *cobra.Command {
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, pool, err := g.client(ctx, gofence.Config{})
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if err := c.Unprotect(ctx, args[0]); err != nil {
-				return err
-			}
-			return g.emit(map[string]string{"table": args[0]}, func(w io.Writer) error {
-				_, err := fmt.Fprintf(w, "unprotected %s\n", args[0])
-				return err
+			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
+				if err := c.Unprotect(ctx, args[0]); err != nil {
+					return err
+				}
+				return g.emit(map[string]string{"table": args[0]}, func(w io.Writer) error {
+					_, err := fmt.Fprintf(w, "unprotected %s\n", args[0])
+					return err
+				})
 			})
 		},
 	}
