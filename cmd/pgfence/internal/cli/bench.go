@@ -160,6 +160,9 @@ SELECT $1 || i, 1, 'bench-prefill', now(), now(), now() FROM generate_series(1, 
 	advisoryLock   = `SELECT pg_try_advisory_lock($1)`
 	advisoryUnlock = `SELECT pg_advisory_unlock($1)`
 	selectOne      = `SELECT 1`
+	// One synchronous commit of a one-row update: a grant commits like this
+	// (it forces synchronous_commit on), so a handoff holds two of them.
+	syncCommit = `BEGIN; SET LOCAL synchronous_commit = on; UPDATE bench_unguarded_tx SET val = val + 1 WHERE id = 1; COMMIT`
 
 	// Tables of the guarded-write scenario: a protected one and an identical
 	// unprotected one for single UPDATEs (token column), and the same pair

@@ -355,6 +355,20 @@ func roundTripSlice(ctx context.Context, pool *pgxpool.Pool, d time.Duration) ([
 	return out, nil
 }
 
+// commitSlice times one synchronous commit (syncCommit) at a time for d.
+func commitSlice(ctx context.Context, pool *pgxpool.Pool, d time.Duration) ([]time.Duration, error) {
+	var out []time.Duration
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		t := time.Now()
+		if _, err := pool.Exec(ctx, syncCommit); err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(t))
+	}
+	return out, nil
+}
+
 func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioResult) error {
 	var notify, poll []*gofence.Client
 	defer func() {
@@ -375,7 +389,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioR
 		}
 		poll = append(poll, cp)
 	}
-	var nSamples, pSamples, rtSamples []time.Duration
+	var nSamples, pSamples, rtSamples, cSamples []time.Duration
 	n := 0
 	slice := func(d time.Duration, record bool) error {
 		// A fresh resource per slice: a Lock cancelled at the end of a slice
@@ -390,6 +404,10 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioR
 		if err != nil {
 			return err
 		}
+		cs, err := commitSlice(ctx, env.pool, d)
+		if err != nil {
+			return err
+		}
 		// Polling needs a few intervals per slice to give a sample at all.
 		ps, err := handoffSlice(ctx, poll, "handoff-poll-"+strconv.Itoa(n), max(d, 4*b.o.pollInterval))
 		if err != nil {
@@ -397,6 +415,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioR
 		}
 		if record {
 			nSamples, rtSamples, pSamples = append(nSamples, ns...), append(rtSamples, rs...), append(pSamples, ps...)
+			cSamples = append(cSamples, cs...)
 		}
 		return nil
 	}
@@ -411,13 +430,15 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioR
 	ln := latencies("handoff with NOTIFY", nSamples)
 	lp := latencies(fmt.Sprintf("handoff polling only (PollInterval %s)", b.o.pollInterval), pSamples)
 	lr := latencies("round trip (SELECT 1)", rtSamples)
-	s.Latencies = []latencyResult{ln, lp, lr}
-	if ln.N == 0 || lp.N == 0 || lr.N == 0 {
+	lc := latencies("one synchronous commit (1-row UPDATE)", cSamples)
+	s.Latencies = []latencyResult{ln, lp, lr, lc}
+	if ln.N == 0 || lp.N == 0 || lr.N == 0 || lc.N == 0 {
 		return errors.New("a handoff slice gave no samples; raise --duration")
 	}
 	s.fact("NOTIFY handoff p50 in round trips", ln.P50Ms/lr.P50Ms, "round trips")
 	s.fact("NOTIFY handoff p99 in round trips", ln.P99Ms/lr.P50Ms, "round trips")
 	s.fact("polling handoff p99 / PollInterval", lp.P99Ms/msOf(b.o.pollInterval), "")
+	s.fact("NOTIFY handoff p50 in synchronous commits", ln.P50Ms/lc.P50Ms, "commits (a handoff holds a release and a grant)")
 	s.atMost("handoff p50 with NOTIFY, in round trips (SELECT 1 p50)", ln.P50Ms/lr.P50Ms, 5)
 	s.atMost("handoff p99 polling only, in PollInterval (jitter allows 1.25)", lp.P99Ms/msOf(b.o.pollInterval), 1.25)
 	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's Lock", b.o.waiters))
