@@ -36,7 +36,12 @@ func (c *Client) Lock(ctx context.Context, resource string) (*Lease, error) {
 			return nil, err
 		}
 		wait := jitter(c.cfg.PollInterval)
-		if held != nil && !held.ExpiresAt.IsZero() {
+		switch {
+		case held != nil && held.Holder == "":
+			// Nothing live: it ended between the try and the look (or the
+			// grant gave up waiting, which took fence.grant_wait already).
+			wait = jitter(10 * time.Millisecond)
+		case held != nil && !held.ExpiresAt.IsZero():
 			if left := held.ExpiresAt.Sub(held.ServerNow) + time.Millisecond; left < wait {
 				wait = max(left, time.Millisecond)
 			}
