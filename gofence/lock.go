@@ -14,8 +14,9 @@ import (
 // It is woken by the NOTIFY that fence.release and fence.revoke send (one
 // dedicated LISTEN connection per Client), and asks again every
 // PollInterval (jittered) or when the held lease expires by the server's
-// clock, whichever comes first, so lost notifications and poolers that block
-// LISTEN cost latency, never progress.
+// clock, whichever comes first (soon, when the lease turned out to have
+// ended already), so lost notifications and poolers that block LISTEN cost
+// latency, never progress.
 func (c *Client) Lock(ctx context.Context, resource string) (*Lease, error) {
 	var wake <-chan struct{}
 	if !c.cfg.DisableNotify {
