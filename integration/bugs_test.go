@@ -46,7 +46,11 @@ func TestForeignAdvisoryLockOnAGate(t *testing.T) {
 	old, ok, err := sqlfuncs.Acquire(ctx, db.Pool, res, "h1", 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, ok)
-	time.Sleep(60 * time.Millisecond) // the lease expires
+	require.Eventually(t, func() bool { // the lease expires, by the server's clock
+		var live bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = $1`, res).Scan(&live))
+		return !live
+	}, 10*time.Second, 10*time.Millisecond)
 
 	stranger := pgtest.NewRole(t, "stranger") // no fence.grant_usage at all
 	sc := connect(t, ctx, db.URLAs(stranger), false)
