@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // errHeld marks an operation that found its random resource held by another
@@ -277,11 +276,4 @@ func (cc *countingConn) Read(p []byte) (int, error) {
 		cc.readLast.Store(true)
 	}
 	return n, err
-}
-
-// isPgError reports whether err carries a PostgreSQL error (as opposed to a
-// cancelled context or a network failure).
-func isPgError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
 }
