@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // catalogQuery describes everything the kit installs, so two installs can be
 // compared: functions (with a hash of their bodies, security, settings and
-// privileges), relations, columns, constraints, views, the schema's
+// privileges), relations, columns, constraints, triggers, views, the schema's
 // privileges, and the golang-migrate version row.
 const catalogQuery = `
 SELECT 'function ' || p.oid::regprocedure || ' ' || md5(p.prosrc) || ' definer=' || p.prosecdef
@@ -41,6 +42,9 @@ SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttyp
  WHERE c.relnamespace = 'fence'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
 UNION ALL
 SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE c.relnamespace = 'fence'::regnamespace
 UNION ALL
 SELECT 'view ' || viewname || ' ' || md5(definition) FROM pg_views WHERE schemaname = 'fence'
 UNION ALL
@@ -108,7 +112,7 @@ func TestMigrateUpDownUpLeavesTheApplicationAlone(t *testing.T) {
 
 	requireVersion(t, ctx, db.Pool, 0)
 	require.NoError(t, gofence.Migrate(ctx, db.Pool))
-	requireVersion(t, ctx, db.Pool, 1)
+	requireVersion(t, ctx, db.Pool, migrations.Latest)
 	installed := catalog(t, ctx, db.Pool)
 	require.Equal(t, before, queryString(t, ctx, db.Pool, check))
 
@@ -124,6 +128,37 @@ func TestMigrateUpDownUpLeavesTheApplicationAlone(t *testing.T) {
 	require.Equal(t, installed, catalog(t, ctx, db.Pool), "up after down installs the same kit")
 	require.Equal(t, before, queryString(t, ctx, db.Pool, check))
 	require.NoError(t, db.Pool.Ping(ctx), "the caller's pool is still open")
+}
+
+// TestEveryMigrationStepsDownToThePreviousSchema: each down migration gives
+// back exactly the catalog its up migration started from (functions with
+// their bodies, settings and privileges, constraints, triggers), also with a
+// protected table whose guard keeps working at every version.
+func TestEveryMigrationStepsDownToThePreviousSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	at := map[uint][]string{}
+	for v := uint(1); v <= migrations.Latest; v++ {
+		require.NoError(t, gofence.MigrateTo(ctx, db.Pool, v))
+		at[v] = catalog(t, ctx, db.Pool)
+	}
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, token bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "orders", "orders", "token"))
+	tok, ok, err := sqlfuncs.Acquire(ctx, db.Pool, "orders", "t", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	for v := uint(migrations.Latest); v >= 1; v-- {
+		require.NoError(t, gofence.MigrateTo(ctx, db.Pool, v))
+		requireVersion(t, ctx, db.Pool, v)
+		require.Equal(t, at[v], catalog(t, ctx, db.Pool), "catalog at version %d", v)
+		_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES ($1, $2)`, v, tok-1)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken, "version %d", v)
+		_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES ($1, $2)`, v, tok)
+		require.NoError(t, err, "version %d", v)
+	}
+	require.NoError(t, sqlfuncs.Unprotect(ctx, db.Pool, "orders"))
 }
 
 func TestMigrateAsAnOrdinaryRoleWithCreateOnTheDatabase(t *testing.T) {
@@ -147,7 +182,7 @@ func TestMigrateAsAnOrdinaryRoleWithCreateOnTheDatabase(t *testing.T) {
 	require.False(t, super)
 
 	require.NoError(t, gofence.Migrate(ctx, pool))
-	requireVersion(t, ctx, pool, 1)
+	requireVersion(t, ctx, pool, migrations.Latest)
 	require.NoError(t, sqlfuncs.GrantUsage(ctx, pool, app, false))
 	appPool, err := pgxpool.New(ctx, db.URLAs(app))
 	require.NoError(t, err)
@@ -207,7 +242,7 @@ func TestConcurrentMigratorsSerialize(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	requireVersion(t, ctx, db.Pool, 1)
+	requireVersion(t, ctx, db.Pool, migrations.Latest)
 	var rows int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM fence_schema_migrations`).Scan(&rows))
 	require.Equal(t, 1, rows)
@@ -259,7 +294,7 @@ func TestUpstreamMigrateCLIGivesTheSameSchema(t *testing.T) {
 	require.NoError(t, gofence.Migrate(ctx, viaGo.Pool))
 	require.Equal(t, catalog(t, ctx, viaGo.Pool), catalog(t, ctx, viaCLI.Pool))
 	require.Equal(t, before, queryString(t, ctx, viaCLI.Pool, check), "the application's schema_migrations and objects are untouched")
-	requireVersion(t, ctx, viaCLI.Pool, 1) // the Go runner reads what the CLI wrote
+	requireVersion(t, ctx, viaCLI.Pool, migrations.Latest) // the Go runner reads what the CLI wrote
 
 	run("down", "-all")
 	require.Equal(t, before, queryString(t, ctx, viaCLI.Pool, check))

@@ -135,7 +135,8 @@ $$;
 --    a missing row (first grant) is told apart by a plain read, and a row
 --    that a racing first grant committed meanwhile is still caught by ON
 --    CONFLICT DO NOTHING below, as in 001.
--- 3. The grant_wait setting is parsed only on the waiting path.
+-- 3. The grant_wait setting is parsed only when it is set (the default,
+--    2 s, needs no parsing).
 CREATE OR REPLACE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean, waiting boolean) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -186,13 +187,11 @@ BEGIN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
 
-    IF pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(resource)) THEN
-        SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE SKIP LOCKED;
-        locked := FOUND OR NOT EXISTS (SELECT 1 FROM fence.lease x WHERE x.resource = resource);
-    END IF;
-    IF NOT locked THEN
-        prev_timeout := pg_catalog.current_setting('lock_timeout');
-        wait_setting := coalesce(nullif(pg_catalog.current_setting('fence.grant_wait', true), ''), '2s');
+    -- fence.grant_wait is validated whenever it is set, so that a bad value
+    -- fails every grant at once and not only the first one that has to wait;
+    -- parsing it takes an exception block, which the default skips.
+    wait_setting := nullif(pg_catalog.current_setting('fence.grant_wait', true), '');
+    IF wait_setting IS NOT NULL THEN
         BEGIN
             wait_ms := pg_catalog.ceil(pg_catalog.date_part('epoch', wait_setting::interval) * 1000)::bigint;
         EXCEPTION WHEN data_exception THEN  -- not an interval, or out of range ('infinity')
@@ -202,7 +201,15 @@ BEGIN
             RAISE EXCEPTION 'pgfence: fence.grant_wait = % is not a wait between 1 millisecond and 1 hour', wait_setting
                 USING ERRCODE = '22023', HINT = 'SET fence.grant_wait = ''2s'' (an interval), or RESET fence.grant_wait';
         END IF;
-        PERFORM pg_catalog.set_config('lock_timeout', wait_ms::text, true);
+    END IF;
+
+    IF pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(resource)) THEN
+        SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE SKIP LOCKED;
+        locked := FOUND OR NOT EXISTS (SELECT 1 FROM fence.lease x WHERE x.resource = resource);
+    END IF;
+    IF NOT locked THEN
+        prev_timeout := pg_catalog.current_setting('lock_timeout');
+        PERFORM pg_catalog.set_config('lock_timeout', coalesce(wait_ms, 2000)::text, true);
         BEGIN
             PERFORM pg_catalog.pg_advisory_xact_lock(fence._gate_key(resource));
             SELECT * INTO l FROM fence.lease x WHERE x.resource = resource FOR UPDATE;

@@ -420,3 +420,83 @@ func TestConcurrentGrantsAreUniqueAndIncreasing(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT token FROM fence.leases WHERE resource = 'hot'`).Scan(&latest))
 	require.Equal(t, int64(len(tokens)), latest&(1<<43-1), "every grant used the next counter value: none lost, none repeated")
 }
+
+// TestCheckedPairIsSkippedOnlyWhileItsGateIsHeld tries to break the shortcut
+// of migration 002: a guard skips fence.check for a (resource, token) pair
+// that its transaction already checked (fence._checked). That is only safe
+// while the first check's gate lock is held, so:
+//   - a grant that starts after the first check waits for the whole
+//     transaction, including its later writes that skipped the check;
+//   - when the subtransaction that checked is rolled back, the gate is
+//     released and the mark goes with it: after a grant commits, the next
+//     write of the same transaction is checked again and refused.
+func TestCheckedPairIsSkippedOnlyWhileItsGateIsHeld(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a grant waits for the writes that skipped the check", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := b.ctx
+		b.protectedTables(t, "ck")
+		a, g := b.db.Conn(t), b.db.Conn(t)
+		tok := acquireWhenFree(t, ctx, a, "ck", "A", time.Minute)
+		txA, err := a.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, sqlfuncs.UseToken(ctx, txA, "ck", tok))
+		_, err = txA.Exec(ctx, `INSERT INTO journal (worker, token) VALUES ('A', $1)`, tok)
+		require.NoError(t, err)
+
+		var gpid uint32
+		require.NoError(t, g.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&gpid))
+		revoked := make(chan error, 1)
+		go func() { _, err := sqlfuncs.Revoke(ctx, g, "ck"); revoked <- err }()
+		waitLockWait(t, ctx, b.db.Pool, gpid)
+		for i := range 3 { // these skip fence.check; the revoke still waits
+			_, err = txA.Exec(ctx, `INSERT INTO journal (worker, token) VALUES ($1, $2)`, fmt.Sprint("A", i), tok)
+			require.NoError(t, err)
+			_, err = txA.Exec(ctx, `INSERT INTO results (id, worker, token) VALUES ($1, 'A', $2)`, 100+i, tok)
+			require.NoError(t, err)
+		}
+		select {
+		case err := <-revoked:
+			t.Fatalf("the revoke finished while A's transaction was open: %v", err)
+		default:
+		}
+		require.NoError(t, txA.Commit(ctx))
+		require.NoError(t, <-revoked)
+		require.ErrorIs(t, journal(ctx, b.db.Pool, "ck", "A", tok), sqlfuncs.ErrStaleToken)
+	})
+
+	t.Run("a rolled-back check takes its mark along", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := b.ctx
+		b.protectedTables(t, "ck")
+		a, g := b.db.Conn(t), b.db.Conn(t)
+		tok := acquireWhenFree(t, ctx, a, "ck", "A", time.Minute)
+		for _, firstWrite := range []string{
+			`SELECT fence.use_token('ck', %d)`,
+			`INSERT INTO results (id, worker, token) VALUES (1, 'A', %d)`,
+		} {
+			txA, err := a.Begin(ctx)
+			require.NoError(t, err)
+			_, err = txA.Exec(ctx, `SELECT set_config('fence.tokens', format('{"ck": %s}', $1::bigint), true)`, tok)
+			require.NoError(t, err)
+			_, err = txA.Exec(ctx, `SAVEPOINT s`)
+			require.NoError(t, err)
+			_, err = txA.Exec(ctx, fmt.Sprintf(firstWrite, tok))
+			require.NoError(t, err, firstWrite)
+			_, err = txA.Exec(ctx, `ROLLBACK TO SAVEPOINT s`)
+			require.NoError(t, err)
+
+			newTok, err := sqlfuncs.Revoke(ctx, g, "ck") // must not wait: the gate went with the savepoint
+			require.NoError(t, err)
+			require.Greater(t, newTok, tok)
+
+			_, err = txA.Exec(ctx, `INSERT INTO journal (worker, token) VALUES ('A', $1)`, tok)
+			requireCode(t, err, "FN001")
+			require.NoError(t, txA.Rollback(ctx))
+			tok = acquireWhenFree(t, ctx, a, "ck", "A", time.Minute)
+		}
+	})
+}

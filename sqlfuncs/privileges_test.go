@@ -241,7 +241,10 @@ func TestApplicationRolePrivileges(t *testing.T) {
 // function, every SECURITY DEFINER function) runs with search_path pinned to
 // pg_catalog and pg_temp (last); internal helpers are never SECURITY
 // DEFINER (they run inside a pinned entry point and qualify every name);
-// and nothing is executable by PUBLIC.
+// and nothing is executable by PUBLIC. The one exception is the row guard
+// (migration 002): it runs with the writer's rights and qualifies every
+// name and operator itself, which TestGuardsIgnoreAHostileSearchPath
+// checks.
 func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -250,6 +253,7 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		  FROM pg_proc p
 		 WHERE p.pronamespace = 'fence'::regnamespace
 		   AND (p.proname NOT LIKE '\_%' OR p.prosecdef OR (p.prorettype = 'trigger'::regtype AND p.proname LIKE '\_guard%'))
+		   AND p.oid <> 'fence._guard_row()'::regprocedure
 		   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)`)
 	require.NoError(t, err)
 	unpinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -278,4 +282,57 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
 		`SELECT count(*) FROM pg_proc WHERE pronamespace = 'fence'::regnamespace AND prosecdef`).Scan(&entryDefiners))
 	require.Positive(t, entryDefiners)
+}
+
+// TestGuardsIgnoreAHostileSearchPath: the row guard does not pin search_path
+// (migration 002), so a writer whose search_path puts its own schema before
+// pg_catalog, with operators that answer "equal" and "not greater" for
+// everything, must still be refused a stale token, in token-column mode and
+// with fence.use_token, also when fence._checked holds another pair.
+func TestGuardsIgnoreAHostileSearchPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `CREATE TABLE hp_col (id int PRIMARY KEY, token bigint)`)
+	b.exec(t, `CREATE TABLE hp_tx (id int PRIMARY KEY)`)
+	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "hp_col", "hp", "token"))
+	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "hp_tx", "hp", ""))
+	old := acquireWhenFree(t, b.ctx, b.db.Pool, "hp", "a", 20*time.Millisecond)
+	b.exec(t, `INSERT INTO hp_col VALUES (1, $1)`, old)
+	_, err := sqlfuncs.Revoke(b.ctx, b.db.Pool, "hp")
+	require.NoError(t, err)
+	for _, sql := range []string{
+		`CREATE SCHEMA evil`,
+		`CREATE FUNCTION evil.yes(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		`CREATE FUNCTION evil.yes(bigint, bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		`CREATE FUNCTION evil.no(bigint, bigint) RETURNS boolean LANGUAGE sql AS 'SELECT false'`,
+		`CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.yes)`,
+		`CREATE OPERATOR evil.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.yes)`,
+		`CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes)`,
+		`CREATE OPERATOR evil.> (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.no)`,
+	} {
+		b.exec(t, sql)
+	}
+	conn, err := pgx.Connect(b.ctx, b.db.URL)
+	require.NoError(t, err)
+	defer conn.Close(b.ctx)
+	_, err = conn.Exec(b.ctx, `SET search_path = evil, pg_catalog, public`)
+	require.NoError(t, err)
+
+	_, err = conn.Exec(b.ctx, `UPDATE hp_col SET token = $1 WHERE id = 1`, old)
+	requireCode(t, err, "FN001")
+	_, err = conn.Exec(b.ctx, `INSERT INTO hp_col VALUES (2, $1)`, old)
+	requireCode(t, err, "FN001")
+
+	// A marker of another pair: with the hostile "=" an unqualified compare
+	// would take it for this one and skip the check.
+	other := fmt.Sprintf(`SELECT set_config('fence._checked', '%d:other', true), set_config('fence.tokens', '{"hp": %d}', true)`, old+1, old)
+	for _, write := range []string{fmt.Sprintf(`INSERT INTO hp_col VALUES (3, %d)`, old), `INSERT INTO hp_tx VALUES (3)`} {
+		tx, err := conn.Begin(b.ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(b.ctx, other)
+		require.NoError(t, err)
+		_, err = tx.Exec(b.ctx, write)
+		requireCode(t, err, "FN001")
+		require.NoError(t, tx.Rollback(b.ctx))
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -263,7 +264,7 @@ func TestVersion(t *testing.T) {
 	b := setup(t)
 	v, err := sqlfuncs.Version(b.ctx, b.db.Pool)
 	require.NoError(t, err)
-	require.Equal(t, 1, v)
+	require.Equal(t, migrations.Latest, v)
 
 	empty := pgtest.Empty(t)
 	_, err = sqlfuncs.Version(b.ctx, empty.Pool)
