@@ -312,7 +312,7 @@ func TestJSONShapes(t *testing.T) {
 
 	code, out, errOut = run(t, "migrate", "version", "--json", url)
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.JSONEq(t, `{"version": 1, "dirty": false}`, out)
+	require.JSONEq(t, `{"version": 2, "dirty": false}`, out)
 
 	code, out, _ = run(t, "doctor", "--json", url)
 	require.Contains(t, []int{cli.ExitOK, cli.ExitError}, code)
