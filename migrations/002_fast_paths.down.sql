@@ -15,45 +15,18 @@ CREATE CONSTRAINT TRIGGER lease_durable_update AFTER UPDATE ON fence.lease
     WHEN (OLD.token IS DISTINCT FROM NEW.token OR OLD.expires_at IS DISTINCT FROM NEW.expires_at)
     EXECUTE FUNCTION fence._durable();
 
-CREATE OR REPLACE FUNCTION fence._epoch() RETURNS bigint
+CREATE OR REPLACE FUNCTION fence._live(l fence.lease, now timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
-DECLARE
-    sysid bigint := (pg_catalog.pg_control_system()).system_identifier;
-    myrel oid := 'fence.epoch_state'::pg_catalog.regclass::oid;
-    tli   bigint := fence._timeline();
-    s     fence.epoch_state;
-    nbase bigint;
 BEGIN
-    SELECT * INTO s FROM fence.epoch_state;
-    IF NOT FOUND OR s.system_identifier <> sysid OR s.relid <> myrel OR s.timeline <> tli THEN
-        -- Rare: first grant after a promotion or a restore. Serialize the
-        -- update; concurrent grants re-read the row after we commit.
-        SELECT * INTO s FROM fence.epoch_state FOR UPDATE;
-        IF NOT FOUND THEN
-            nbase := coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0);
-            INSERT INTO fence.epoch_state (system_identifier, relid, timeline, base) VALUES (sysid, myrel, tli, nbase);
-        ELSIF s.system_identifier = sysid AND s.relid = myrel AND s.timeline < tli THEN
-            nbase := s.base;  -- promotion: the timeline alone moves the epoch up
-            UPDATE fence.epoch_state SET timeline = tli;
-        ELSIF s.system_identifier <> sysid OR s.relid <> myrel OR s.timeline > tli THEN
-            -- a restored copy (another cluster or another database) or a
-            -- timeline that went back: move past every epoch this data has seen
-            nbase := greatest(s.base + s.timeline,
-                              coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0));
-            UPDATE fence.epoch_state SET system_identifier = sysid, relid = myrel, timeline = tli, base = nbase;
-        ELSE
-            nbase := s.base;  -- another grant updated it while we waited
-        END IF;
-    ELSE
-        nbase := s.base;
+    IF l.ended_at IS NOT NULL THEN
+        RETURN false;
+    ELSIF l.kind = 'ttl' THEN
+        RETURN l.expires_at > now;
+    ELSIF l.kind = 'session' THEN
+        RETURN fence._session_alive(l);
     END IF;
-    IF nbase + tli >= (1::bigint << 20) THEN
-        RAISE EXCEPTION 'pgfence token epochs are exhausted (epoch %)', nbase + tli
-            USING ERRCODE = '54000',
-                  HINT = 'the token layout allows 2^20 epochs (promotions and restores); see docs/design.md';
-    END IF;
-    RETURN nbase + tli;
+    RETURN false;
 END
 $$;
 
@@ -338,4 +311,4 @@ LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT 1 $$;
 
-DROP FUNCTION fence._system_identifier();
+DROP FUNCTION fence._system_identifier(), fence._name_ok(text), fence._ttl_ok(double precision);
