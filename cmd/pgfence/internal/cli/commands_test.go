@@ -84,7 +84,14 @@ func TestLeaseCommands(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 		go func() {
-			time.Sleep(200 * time.Millisecond)
+			// Release once the CLI waits: its Lock has set the lease's
+			// waiters flag (fence.acquire(..., waiting => true)).
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				var waiting bool
+				if err := db.Pool.QueryRow(t.Context(), `SELECT waiters FROM fence.lease WHERE resource = 'w'`).Scan(&waiting); err != nil || waiting {
+					break
+				}
+			}
 			_, _ = sqlfuncs.Release(t.Context(), db.Pool, "w", other)
 		}()
 		code, out, errOut := run(t, "acquire", "w", "--wait", "--timeout", "20s", url)
