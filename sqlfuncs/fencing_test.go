@@ -177,11 +177,7 @@ func TestGrantWaitsForOpenGuardedTransaction(t *testing.T) {
 		require.NoError(t, err)
 
 		// A pauses past its TTL with the transaction open.
-		require.Eventually(t, func() bool {
-			var live bool
-			require.NoError(t, db.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live))
-			return !live
-		}, 10*time.Second, 10*time.Millisecond)
+		waitNotLive(t, ctx, db, "job")
 
 		_, err = bConn.Exec(ctx, `SET fence.grant_wait = '30s'`)
 		require.NoError(t, err)
@@ -264,11 +260,7 @@ func TestGrantWaitsForOpenGuardedTransaction(t *testing.T) {
 		require.NoError(t, err)
 		defer txA.Rollback(ctx)
 		require.NoError(t, sqlfuncs.Check(ctx, txA, "job", t1))
-		require.Eventually(t, func() bool {
-			var live bool
-			require.NoError(t, db.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live))
-			return !live
-		}, 10*time.Second, 10*time.Millisecond)
+		waitNotLive(t, ctx, db, "job")
 
 		_, err = bConn.Exec(ctx, `SET fence.grant_wait = '200ms'`)
 		require.NoError(t, err)

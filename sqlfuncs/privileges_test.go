@@ -90,9 +90,7 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		_, ok, err = sqlfuncs.AcquireSession(ctx, conn, "app-session", "app")
 		require.NoError(t, err)
 		require.False(t, ok, "its own session lease is seen as live")
-		var live bool
-		require.NoError(t, conn.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = 'app-session'`).Scan(&live))
-		require.True(t, live)
+		require.True(t, live(t, ctx, conn, "app-session"))
 		released, err = sqlfuncs.Release(ctx, conn, "app-session", st)
 		require.NoError(t, err)
 		require.True(t, released)

@@ -34,9 +34,7 @@ func TestSessionLease(t *testing.T) {
 		_, ok, err = sqlfuncs.Acquire(ctx, owner, "leader", "owner", time.Second)
 		require.NoError(t, err)
 		require.False(t, ok, "and a TTL acquire from the owning session")
-		var live bool
-		require.NoError(t, db.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = 'leader'`).Scan(&live))
-		require.True(t, live)
+		require.True(t, live(t, ctx, db, "leader"))
 
 		_, err = db.Exec(ctx, `SELECT pg_terminate_backend($1)`, owner.PgConn().PID())
 		require.NoError(t, err)

@@ -46,6 +46,21 @@ func requireCode(t *testing.T, err error, code string) {
 	require.Equal(t, code, pgErr.Code, "message: %s", pgErr.Message)
 }
 
+// live reports whether the server counts resource's lease live now (view
+// fence.leases, by the server's clock).
+func live(t *testing.T, ctx context.Context, db sqlfuncs.DB, resource string) bool {
+	t.Helper()
+	l, ok, err := sqlfuncs.GetLease(ctx, db, resource)
+	require.NoError(t, err)
+	return ok && l.Live
+}
+
+// waitNotLive waits until resource's lease has ended by the server's clock.
+func waitNotLive(t *testing.T, ctx context.Context, db sqlfuncs.DB, resource string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return !live(t, ctx, db, resource) }, 10*time.Second, 10*time.Millisecond)
+}
+
 // acquireWhenFree polls fence.acquire until the server grants it (the previous
 // lease has expired by the server's clock) or the deadline passes.
 func acquireWhenFree(t *testing.T, ctx context.Context, db sqlfuncs.DB, resource, holder string, ttl time.Duration) int64 {
