@@ -28,11 +28,13 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // catalogQuery describes everything the kit installs, so two installs can be
 // compared: functions (with a hash of their bodies, security, settings and
 // privileges), relations, columns, constraints, triggers, views, the schema's
-// privileges, and the golang-migrate version row.
+// privileges, and the golang-migrate version row. The row guards that
+// fence.protect generates per token-column name (migration 3) are not the
+// migrations' own objects; generatedGuards counts them.
 const catalogQuery = `
 SELECT 'function ' || p.oid::regprocedure || ' ' || md5(p.prosrc) || ' definer=' || p.prosecdef
        || ' config=' || coalesce(p.proconfig::text, '') || ' acl=' || coalesce(p.proacl::text, '')
-  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace
+  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace AND p.proname !~ '^_guard_[0-9a-f]{32}$'
 UNION ALL
 SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' acl=' || coalesce(c.relacl::text, '') || ' options=' || coalesce(c.reloptions::text, '')
   FROM pg_class c WHERE c.relnamespace = 'fence'::regnamespace
@@ -52,6 +54,15 @@ SELECT 'schema acl=' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspna
 UNION ALL
 SELECT 'version ' || version || ' dirty=' || dirty FROM fence_schema_migrations
 ORDER BY 1`
+
+// generatedGuards counts the row guards fence.protect generated.
+func generatedGuards(t *testing.T, ctx context.Context, db *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_proc p
+		WHERE p.pronamespace = 'fence'::regnamespace AND p.proname ~ '^_guard_[0-9a-f]{32}$'`).Scan(&n))
+	return n
+}
 
 func catalog(t *testing.T, ctx context.Context, db *pgxpool.Pool) []string {
 	t.Helper()
@@ -146,13 +157,26 @@ func TestEveryMigrationStepsDownToThePreviousSchema(t *testing.T) {
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, token bigint)`)
 	require.NoError(t, err)
 	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "orders", "orders", "token"))
+	require.Equal(t, 1, generatedGuards(t, ctx, db.Pool), "protect generated the guard of token column \"token\"")
 	tok, ok, err := sqlfuncs.Acquire(ctx, db.Pool, "orders", "t", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
+	// Below version 3 a lease row would be forgotten by a further step to 0:
+	// migration 3's down refuses unless the session allows it
+	// (TestMigrateDownRefusesWhileLeasesExist).
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["options"] = "-c fence.allow_downgrade=on"
+	down, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
 	for v := uint(migrations.Latest); v >= 1; v-- {
-		require.NoError(t, gofence.MigrateTo(ctx, db.Pool, v))
+		require.NoError(t, gofence.MigrateTo(ctx, down, v))
 		requireVersion(t, ctx, db.Pool, v)
 		require.Equal(t, at[v], catalog(t, ctx, db.Pool), "catalog at version %d", v)
+		if v < 3 {
+			require.Zero(t, generatedGuards(t, ctx, db.Pool), "version %d keeps no generated guard", v)
+		}
 		_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES ($1, $2)`, v, tok-1)
 		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken, "version %d", v)
 		_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES ($1, $2)`, v, tok)
@@ -224,6 +248,38 @@ func TestMigrateDownRefusesWhileTablesAreProtected(t *testing.T) {
 	requireVersion(t, ctx, db.Pool, 0)
 	_, err = db.Pool.Exec(ctx, `INSERT INTO orders VALUES (1, NULL)`)
 	require.NoError(t, err, "no trigger is left calling a missing function")
+}
+
+// TestMigrateDownRefusesWhileLeasesExist: below version 3, a further step
+// down to 0 drops the lease rows that keep every resource's latest token, so
+// migration 3's down refuses while any exists, changes nothing, and says how
+// to go on; with fence.allow_downgrade = on it steps down.
+func TestMigrateDownRefusesWhileLeasesExist(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	require.NoError(t, gofence.Migrate(ctx, db.Pool))
+	before := catalog(t, ctx, db.Pool)
+	_, ok, err := sqlfuncs.Acquire(ctx, db.Pool, "r", "t", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	err = gofence.MigrateTo(ctx, db.Pool, 2)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "the PgError stays reachable: %v", err)
+	require.Equal(t, "55000", pgErr.Code)
+	require.Contains(t, pgErr.Hint, "fence.allow_downgrade")
+	require.NoError(t, gofence.ForceMigrationVersion(ctx, db.Pool, 3))
+	require.Equal(t, before, catalog(t, ctx, db.Pool), "the refused down changed nothing")
+
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["options"] = "-c fence.allow_downgrade=on"
+	down, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	require.NoError(t, gofence.MigrateTo(ctx, down, 2))
+	requireVersion(t, ctx, db.Pool, 2)
 }
 
 func TestConcurrentMigratorsSerialize(t *testing.T) {

@@ -74,12 +74,17 @@ func TestStaleWorkerIsFencedOff(t *testing.T) {
 		_, err := db.Exec(ctx, `UPDATE results SET worker = 'A', token = $1 WHERE id = 1`, t1)
 		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
 	})
-	t.Run("token column: update that keeps the row's token but is not the holder's", func(t *testing.T) {
+	t.Run("token column: update that does not assign the token column", func(t *testing.T) {
+		// The row carries B's token, the latest: that proves nothing about
+		// the writer, so an UPDATE that presents no token fails.
 		b.exec(t, `INSERT INTO results VALUES (3, 'B', $1)`, t2)
-		_, err := sqlfuncs.Revoke(ctx, db, "job") // B's token is stale now too
+		_, err := db.Exec(ctx, `UPDATE results SET worker = 'A' WHERE id = 3`)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+		requireCode(t, err, "FN002")
+		_, err = sqlfuncs.Revoke(ctx, db, "job") // B's token is stale now too
 		require.NoError(t, err)
-		_, err = db.Exec(ctx, `UPDATE results SET worker = 'A' WHERE id = 3`)
-		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+		_, err = db.Exec(ctx, `UPDATE results SET worker = 'A', token = token WHERE id = 3`)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken, "re-assigning the row's own token presents it")
 		t2 = acquireWhenFree(t, ctx, db, "job", "B", 30*time.Second) // B again, newer token
 		b.exec(t, `UPDATE results SET token = $1 WHERE id IN (1, 3)`, t2)
 	})
@@ -112,13 +117,18 @@ func TestStaleWorkerIsFencedOff(t *testing.T) {
 		err = sqlfuncs.Check(ctx, db, "never-granted", 1)
 		require.ErrorIs(t, err, sqlfuncs.ErrUnknownToken)
 	})
-	t.Run("the guard checks the row as written, after every BEFORE trigger", func(t *testing.T) {
-		// A trigger whose name sorts after the guard's changes the token.
+	t.Run("the guard checks the row as written, after the table's BEFORE triggers", func(t *testing.T) {
+		// A trigger of the owner's, named to sort late, changes the token:
+		// the guard's triggers sort after it ('~') and check what it wrote.
 		b.exec(t, `CREATE FUNCTION lower_token() RETURNS trigger LANGUAGE plpgsql AS
 			$$ BEGIN NEW.token := NEW.token - 1; RETURN NEW; END $$`)
 		b.exec(t, `CREATE TRIGGER zzzz_lower BEFORE UPDATE ON results FOR EACH ROW EXECUTE FUNCTION lower_token()`)
-		_, err := db.Exec(ctx, `UPDATE results SET worker = 'B' WHERE id = 1 AND token = $1`, t2)
-		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+		_, err := db.Exec(ctx, `UPDATE results SET worker = 'B', token = $1 WHERE id = 1`, t2)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken, "the lowered token is checked")
+		// A positive value written by a trigger into an UPDATE that did not
+		// assign the column is no presentation.
+		_, err = db.Exec(ctx, `UPDATE results SET worker = 'B' WHERE id = 1`)
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
 		b.exec(t, `DROP TRIGGER zzzz_lower ON results`)
 	})
 	t.Run("the holder can still write, delete and truncate", func(t *testing.T) {

@@ -238,11 +238,15 @@ func TestApplicationRolePrivileges(t *testing.T) {
 // the kit (every function without a leading underscore, every trigger
 // function, every SECURITY DEFINER function) runs with search_path pinned to
 // pg_catalog and pg_temp (last); internal helpers are never SECURITY
-// DEFINER (they run inside a pinned entry point and qualify every name);
-// and nothing is executable by PUBLIC. The one exception is the row guard
-// (migration 002): it runs with the writer's rights and qualifies every
-// name and operator itself, which TestGuardsIgnoreAHostileSearchPath
-// checks.
+// DEFINER (they run inside a pinned entry point and qualify every name),
+// except the three of migration 3 that a caller's rights cannot do
+// (fence._guard_function creates a guard whose body is a pure function of
+// its argument, fence._token_floor reads the token counter,
+// fence._raise_floor moves the epoch and is for operators only); and
+// nothing is executable by PUBLIC. The exception to pinning is the row
+// guards (migrations 002 and 003): they run with the writer's rights and
+// qualify every name and operator themselves, which
+// TestGuardsIgnoreAHostileSearchPath checks.
 func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -251,7 +255,8 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		  FROM pg_proc p
 		 WHERE p.pronamespace = 'fence'::regnamespace
 		   AND (p.proname NOT LIKE '\_%' OR p.prosecdef OR (p.prorettype = 'trigger'::regtype AND p.proname LIKE '\_guard%'))
-		   AND p.oid <> 'fence._guard_row()'::regprocedure
+		   AND p.oid NOT IN ('fence._guard_row()'::regprocedure, 'fence._guard_use_token()'::regprocedure)
+		   AND p.proname !~ '^_guard_[0-9a-f]{32}$'
 		   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)`)
 	require.NoError(t, err)
 	unpinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -260,7 +265,9 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 
 	rows, err = b.db.Pool.Query(b.ctx, `
 		SELECT p.oid::regprocedure::text FROM pg_proc p
-		 WHERE p.pronamespace = 'fence'::regnamespace AND p.proname LIKE '\_%' AND p.prosecdef`)
+		 WHERE p.pronamespace = 'fence'::regnamespace AND p.proname LIKE '\_%' AND p.prosecdef
+		   AND p.oid NOT IN ('fence._guard_function(name)'::regprocedure, 'fence._token_floor()'::regprocedure,
+		                     'fence._raise_floor(bigint)'::regprocedure)`)
 	require.NoError(t, err)
 	definers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"regexp"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
 	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -51,10 +53,10 @@ func TestMigrateCommand(t *testing.T) {
 	require.Equal(t, "version 0, clean\n", out)
 	code, out, errOut = run(t, "migrate", "up", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.Equal(t, "version 2, clean\n", out)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
 	code, out, errOut = run(t, "migrate", "down", "1", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.Equal(t, "version 1, clean\n", out)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest-1), out)
 	code, out, errOut = run(t, "migrate", "down", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "version 0, clean\n", out)
