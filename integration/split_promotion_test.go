@@ -146,11 +146,10 @@ func TestSplitPromotionWithSharedArchive(t *testing.T) {
 	archive := pgtest.NewWALArchive(t)
 	require.Regexp(t, `^[A-Za-z0-9/._-]+$`, archive, "the archive path goes unquoted into shell commands")
 	q := func(s string) string { return "'" + s + "'" }
-	dir := archive
 	opts := pgtest.ClusterOptions{Config: map[string]string{
 		"archive_mode":             "on",
-		"archive_command":          q(fmt.Sprintf("test ! -f %s/%%f && cp %%p %s/%%f", dir, dir)),
-		"restore_command":          q(fmt.Sprintf("cp %s/%%f %%p", dir)),
+		"archive_command":          q(fmt.Sprintf("test ! -f %s/%%f && cp %%p %s/%%f", archive, archive)),
+		"restore_command":          q(fmt.Sprintf("cp %s/%%f %%p", archive)),
 		"recovery_target_timeline": q("latest"),
 	}}
 	r := runSplitPromotion(t, ctx, opts, func(s1, s2 *pgtest.Cluster) {
