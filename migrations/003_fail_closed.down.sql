@@ -423,6 +423,7 @@ BEGIN
 END
 $$;
 
+ALTER TABLE fence.lease ADD CONSTRAINT lease_token_key UNIQUE (resource, token);
 DROP FUNCTION fence._next_token(bigint, bigint);
 DROP FUNCTION fence._raise_floor(bigint);
 DROP FUNCTION fence._token_floor();

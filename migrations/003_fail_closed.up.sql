@@ -47,6 +47,16 @@ SELECT pg_catalog.setval('fence.token_counter',
                          greatest(coalesce((SELECT max(l.token OPERATOR(pg_catalog.&) 8796093022207) FROM fence.lease l), 0), 1),
                          EXISTS (SELECT 1 FROM fence.lease));
 
+-- No unique constraint on (resource, token) any more. 001 said it was what
+-- made fence.check exact under REPEATABLE READ (a grant had to be a key
+-- update); it is not: every grant locks the row FOR UPDATE before it writes
+-- the token, and that marks the old row version as key-updated all the same,
+-- so a FOR KEY SHARE lock on it fails with 40001
+-- (TestOlderSnapshotNeverPassesTheCheck, with and without the constraint;
+-- docs/design.md, "Linearizable fencing"). Without the index a grant changes
+-- no indexed column and can be a HOT update.
+ALTER TABLE fence.lease DROP CONSTRAINT lease_token_key;
+
 -- A data-only restore into a freshly migrated database must be able to
 -- bring the source's fence.epoch_state row with it (so fence._epoch sees a
 -- restored copy and moves to a new epoch); an empty install therefore keeps
@@ -169,7 +179,9 @@ $$;
 -- fence._grant as in 002 (locking order, waits, durability: read the comment
 -- in 001 and docs/design.md), with one change: the token is
 -- fence._next_token (one counter for all resources) instead of the
--- resource's latest token + 1.
+-- resource's latest token + 1. The FOR UPDATE on the lease row is
+-- load-bearing: besides ordering grants, it is what makes a REPEATABLE READ
+-- check that predates this grant fail (see the constraint dropped above).
 CREATE OR REPLACE FUNCTION fence._grant(resource text, holder text, kind text, ttl interval, force boolean, waiting boolean) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$

@@ -423,19 +423,16 @@ func TestConcurrentGrantsAreUniqueAndIncreasing(t *testing.T) {
 	require.Equal(t, int64(len(tokens)), latest&(1<<43-1), "every grant used the next counter value: none lost, none repeated")
 }
 
-// TestCheckedPairIsSkippedOnlyWhileItsGateIsHeld tries to break the shortcut
-// of migration 002: a guard skips fence.check for a (resource, token) pair
-// that its transaction already checked (fence._checked). That is only safe
-// while the first check's gate lock is held, so:
-//   - a grant that starts after the first check waits for the whole
-//     transaction, including its later writes that skipped the check;
-//   - when the subtransaction that checked is rolled back, the gate is
-//     released and the mark goes with it: after a grant commits, the next
-//     write of the same transaction is checked again and refused.
-func TestCheckedPairIsSkippedOnlyWhileItsGateIsHeld(t *testing.T) {
+// TestGateIsHeldUntilTheWritingTransactionEnds: the share lock on a
+// resource's gate that a guarded write takes lasts until its transaction
+// ends, whatever it writes afterwards, and goes away with a savepoint that
+// is rolled back. (Migration 2 skipped the check for a pair already checked
+// in the transaction and relied on this; migration 3 checks every row, and
+// guarantee 3 still rests on the gate.)
+func TestGateIsHeldUntilTheWritingTransactionEnds(t *testing.T) {
 	t.Parallel()
 
-	t.Run("a grant waits for the writes that skipped the check", func(t *testing.T) {
+	t.Run("a grant waits for the transaction's later writes", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ctx := b.ctx
@@ -453,7 +450,7 @@ func TestCheckedPairIsSkippedOnlyWhileItsGateIsHeld(t *testing.T) {
 		revoked := make(chan error, 1)
 		go func() { _, err := sqlfuncs.Revoke(ctx, g, "ck"); revoked <- err }()
 		waitLockWait(t, ctx, b.db.Pool, gpid)
-		for i := range 3 { // these skip fence.check; the revoke still waits
+		for i := range 3 { // the revoke keeps waiting for the whole transaction
 			_, err = txA.Exec(ctx, `INSERT INTO journal (worker, token) VALUES ($1, $2)`, fmt.Sprint("A", i), tok)
 			require.NoError(t, err)
 			_, err = txA.Exec(ctx, `INSERT INTO results (id, worker, token) VALUES ($1, 'A', $2)`, 100+i, tok)
@@ -469,7 +466,7 @@ func TestCheckedPairIsSkippedOnlyWhileItsGateIsHeld(t *testing.T) {
 		require.ErrorIs(t, journal(ctx, b.db.Pool, "ck", "A", tok), sqlfuncs.ErrStaleToken)
 	})
 
-	t.Run("a rolled-back check takes its mark along", func(t *testing.T) {
+	t.Run("a rolled-back check takes its gate along", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ctx := b.ctx
