@@ -77,6 +77,7 @@ type figures struct {
 	staleRefused, staleRefusedMidTx, staleCommitted int
 	renewed, renewLost, released, vanished          int
 	reconnects, zombieWrites                        int
+	blindTried, blindRefused, blindCommitted        int
 	faults                                          map[string]int
 	exclusionPairs                                  int
 	violations                                      []string
@@ -100,6 +101,9 @@ func (f *figures) add(o figures) {
 	f.vanished += o.vanished
 	f.reconnects += o.reconnects
 	f.zombieWrites += o.zombieWrites
+	f.blindTried += o.blindTried
+	f.blindRefused += o.blindRefused
+	f.blindCommitted += o.blindCommitted
 	f.exclusionPairs += o.exclusionPairs
 	if f.faults == nil {
 		f.faults = map[string]int{}
@@ -129,11 +133,12 @@ func (f *figures) log(t *testing.T, what string) {
 	t.Logf("%s: runs %d, operations %d, grants %d (busy or held %d, operator revokes %d), "+
 		"guarded transactions committed %d (outcome lost %d), renewals %d (lost lease %d), releases %d, vanished %d, "+
 		"reconnects %d, writes after a lost lease %d; faults %d (%s); stale writes attempted %d, refused with FN001 %d "+
-		"(%d mid-transaction), committed %d; lease pairs checked by the server clock %d; violations %d; unexpected errors %d",
+		"(%d mid-transaction), committed %d; writes presenting no token %d, refused with FN002 %d, committed %d; "+
+		"lease pairs checked by the server clock %d; violations %d; unexpected errors %d",
 		what, f.runs, f.ops, f.grants, f.busy, f.revokes, f.writesCommitted, f.writesLost, f.renewed, f.renewLost,
 		f.released, f.vanished, f.reconnects, f.zombieWrites, total, strings.Join(fs, ", "),
 		f.staleRefused+f.staleCommitted, f.staleRefused, f.staleRefusedMidTx, f.staleCommitted,
-		f.exclusionPairs, len(f.violations), len(f.unexpected))
+		f.blindTried, f.blindRefused, f.blindCommitted, f.exclusionPairs, len(f.violations), len(f.unexpected))
 }
 
 // history collects events from every goroutine.
@@ -143,6 +148,9 @@ type history struct {
 	txid   atomic.Int64
 	// counters the checker cannot derive from events
 	reconnects, zombie, vanished atomic.Int64
+	// writes that presented no token (blindWrite): tried, refused with
+	// FN002, and committed (each one a violation)
+	blindTried, blindRefused, blindCommitted atomic.Int64
 }
 
 func (h *history) add(e event) {
@@ -411,6 +419,40 @@ func (wk *worker) write(ctx context.Context, j int, tok int64) event {
 	return wk.finish(event{worker: wk.id, kind: opWrite, res: res, tok: tok, txid: txid, midTx: done > 0}, err)
 }
 
+// blindWrite tries, in its own transaction, a write to the resource's
+// tables that presents no token: an UPDATE of other columns, a DELETE, or
+// (PostgreSQL 15+) a MERGE, of rows that holders wrote, so they carry a
+// token, often the latest. Whatever they carry, the write must fail with
+// FN002 (migration 003; migration 002 let such writes commit once the rows
+// carried the newest token). One that writes a row is a violation.
+func (wk *worker) blindWrite(ctx context.Context, j int) {
+	ctx, cancel := context.WithTimeout(ctx, workerOpTimeout)
+	defer cancel()
+	tc, ut := wk.w.table("tc", j), wk.w.table("ut", j)
+	stmts := []string{
+		`UPDATE ` + tc + ` SET pos = pos + 1000 WHERE txid = (SELECT max(txid) FROM ` + tc + `)`,
+		`UPDATE ` + ut + ` SET pos = pos + 1000 WHERE txid = (SELECT max(txid) FROM ` + ut + `)`,
+		`DELETE FROM ` + tc + ` WHERE txid = (SELECT max(txid) FROM ` + tc + `)`,
+	}
+	if v, _ := strconv.Atoi(strings.SplitN(wk.conn.PgConn().ParameterStatus("server_version"), ".", 2)[0]); v >= 15 {
+		stmts = append(stmts, `MERGE INTO `+tc+` t USING (SELECT max(txid) AS txid FROM `+tc+`) s ON t.txid = s.txid
+			WHEN MATCHED THEN UPDATE SET pos = t.pos + 1000`)
+	}
+	wk.h.blindTried.Add(1)
+	tag, err := wk.conn.Exec(ctx, stmts[wk.rng.IntN(len(stmts))])
+	switch out, code := outcome(err); {
+	case out == outOK && tag.RowsAffected() > 0:
+		wk.h.blindCommitted.Add(1)
+	case out == outOK: // no row matched: nothing written, nothing to judge
+	case out == outLost:
+		wk.drop()
+	case code == sqlfuncs.CodeNoToken:
+		wk.h.blindRefused.Add(1)
+	default:
+		wk.unexpected("write presenting no token", err)
+	}
+}
+
 // loop is the worker's life until ctx ends.
 func (wk *worker) loop(ctx context.Context) {
 	defer wk.drop()
@@ -466,6 +508,12 @@ func (wk *worker) hold(ctx context.Context, j int, tok int64) {
 		}
 		if lost {
 			wk.h.zombie.Add(1)
+		}
+		if wk.rng.IntN(5) == 0 {
+			wk.blindWrite(ctx, j)
+			if wk.conn == nil {
+				continue
+			}
 		}
 		e := wk.write(ctx, j, tok)
 		if e.out == outRefused {
@@ -596,7 +644,12 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 
 	f := figures{runs: 1, ops: len(events), faults: faults, exclusionPairs: res.exclusionPairs,
 		staleRefused: res.staleRefused, staleCommitted: res.staleCommitted, violations: res.violations,
-		reconnects: int(h.reconnects.Load()), zombieWrites: int(h.zombie.Load()), vanished: int(h.vanished.Load())}
+		reconnects: int(h.reconnects.Load()), zombieWrites: int(h.zombie.Load()), vanished: int(h.vanished.Load()),
+		blindTried: int(h.blindTried.Load()), blindRefused: int(h.blindRefused.Load()), blindCommitted: int(h.blindCommitted.Load())}
+	if f.blindCommitted > 0 {
+		res.violations = append(res.violations, fmt.Sprintf("%d writes that presented no token committed", f.blindCommitted))
+		f.violations = res.violations
+	}
 	for _, wk := range workers {
 		f.unexpected = append(f.unexpected, wk.unexp...)
 	}
