@@ -161,3 +161,84 @@ func TestGrantSurvivesCrashWhenTheCallerTurnsAsyncCommitOnAfterwards(t *testing.
 	second := mustAcquire(t, ctx, conn, "late-async", "holder-2")
 	require.Greater(t, second, first)
 }
+
+// TestGrantSurvivesCrashWhenTheCallerPlantsAnEqualsOperator (issue 10 item
+// 9): fence._durable runs at COMMIT under the caller's search_path. An
+// application role plants "=" and "<>" (text, text) operators that answer
+// false in its own schema, puts that schema before pg_catalog, acquires a
+// lease, turns synchronous_commit off for the rest of the transaction and
+// commits. Migration 002 compared the setting with an unqualified "=", so
+// the planted operator kept the commit asynchronous: the grant vanished in
+// the crash and the same token was handed out again.
+func TestGrantSurvivesCrashWhenTheCallerPlantsAnEqualsOperator(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{Config: map[string]string{
+		"wal_writer_delay": "'10s'", // an asynchronous commit stays unflushed until the crash
+	}})
+	const app = "planter"
+	admin := connect(t, ctx, c.URL(), false)
+	for _, sql := range []string{
+		`CREATE ROLE ` + app + ` LOGIN`,
+		`CREATE SCHEMA evil AUTHORIZATION ` + app,
+		`SELECT fence.grant_usage('` + app + `')`,
+	} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	admin.Close(ctx)
+
+	conn := connect(t, ctx, c.URLAs(app), false)
+	for _, sql := range []string{
+		`CREATE FUNCTION evil.never(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT false'`,
+		`CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.never)`,
+		`CREATE OPERATOR evil.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.never)`,
+		`SET search_path = evil, pg_catalog`,
+	} {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+
+	t.Run("the planted operators are what this session resolves", func(t *testing.T) {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // read-only probe
+		_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = off`)
+		require.NoError(t, err)
+		// The comparison of migration 002's fence._durable, verbatim.
+		var eq, ne bool
+		require.NoError(t, tx.QueryRow(ctx,
+			`SELECT pg_catalog.current_setting('synchronous_commit') = 'off', pg_catalog.current_setting('synchronous_commit') <> 'off'`).
+			Scan(&eq, &ne))
+		require.False(t, eq, "the planted = answers false")
+		require.False(t, ne, "the planted <> answers false")
+	})
+
+	var first int64
+	require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var ok bool
+		var err error
+		first, ok, err = sqlfuncs.Acquire(ctx, tx, "planted-eq", "holder-1", time.Hour)
+		if err != nil {
+			return err
+		}
+		require.True(t, ok)
+		_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = off`)
+		return err
+	}))
+	require.Positive(t, first)
+	conn.Close(ctx)
+	c.Stop(t, "immediate")
+	c.Start(t)
+
+	conn = connect(t, ctx, c.URL(), false)
+	var token int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT token FROM fence.leases WHERE resource = 'planted-eq'`).Scan(&token),
+		"the grant was lost in the crash")
+	require.Equal(t, first, token)
+	revoked, err := sqlfuncs.Revoke(ctx, conn, "planted-eq")
+	require.NoError(t, err)
+	require.Greater(t, revoked, first, "a token is never handed out twice")
+	second := mustAcquire(t, ctx, conn, "planted-eq", "holder-2")
+	require.Greater(t, second, revoked)
+}
