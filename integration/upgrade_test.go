@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -301,4 +303,32 @@ func queryString(t *testing.T, ctx context.Context, db sqlfuncs.DB, sql string, 
 	var s string
 	require.NoError(t, db.QueryRow(ctx, sql, args...).Scan(&s), "%s", sql)
 	return s
+}
+
+// TestUpgradeKeepsUsageThroughMembershipOnly: a role that has the kit's usage
+// only as a member of a group with usage must not get grants of its own from
+// migration 3's re-grant (nor from its down): once it leaves the group it has
+// no usage left.
+func TestUpgradeKeepsUsageThroughMembershipOnly(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	db := pgtest.Empty(t)
+	grp, member := pgtest.NewRole(t, "grp"), pgtest.NewRole(t, "member")
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 2))
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, db.Pool, grp, true))
+	_, err := db.Pool.Exec(ctx, `GRANT `+pgx.Identifier{grp}.Sanitize()+` TO `+pgx.Identifier{member}.Sanitize())
+	require.NoError(t, err)
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 3))
+
+	conn := connect(t, ctx, db.URLAs(member), false)
+	_, _, err = sqlfuncs.Acquire(ctx, conn, "m", "member", time.Minute)
+	require.NoError(t, err, "usage through the group")
+	_, err = db.Pool.Exec(ctx, `REVOKE `+pgx.Identifier{grp}.Sanitize()+` FROM `+pgx.Identifier{member}.Sanitize())
+	require.NoError(t, err)
+	_, _, err = sqlfuncs.Acquire(ctx, conn, "m2", "member", time.Minute)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "42501", pgErr.Code, "no usage of its own after leaving the group")
+	_, err = sqlfuncs.Revoke(ctx, conn, "m")
+	require.Error(t, err, "and no operator rights either")
 }

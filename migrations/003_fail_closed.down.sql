@@ -533,9 +533,16 @@ DO $$
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT a.rolname, pg_catalog.has_function_privilege(a.oid, 'fence.revoke(text)', 'EXECUTE') AS op
+    -- Only roles that hold the grant themselves: a member of a role with
+    -- usage has it through membership, and must lose it with the membership.
+    FOR r IN SELECT a.rolname,
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) x
+                             WHERE p.oid = 'fence.revoke(text)'::pg_catalog.regprocedure
+                               AND x.grantee = a.oid AND x.privilege_type = 'EXECUTE') AS op
                FROM pg_catalog.pg_roles a
-              WHERE pg_catalog.has_function_privilege(a.oid, 'fence.use_token(text, bigint)', 'EXECUTE')
+              WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) x
+                             WHERE p.oid = 'fence.use_token(text, bigint)'::pg_catalog.regprocedure
+                               AND x.grantee = a.oid AND x.privilege_type = 'EXECUTE')
                 AND NOT pg_catalog.pg_has_role(a.oid, (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'fence'), 'USAGE')
                 AND NOT a.rolsuper LOOP
         PERFORM fence.revoke_usage(r.rolname);
