@@ -52,10 +52,10 @@ func TestMigrateCommand(t *testing.T) {
 	code, out, errOut = run(t, "migrate", "up", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "version 2, clean\n", out)
-	code, out, errOut = run(t, "migrate", "down", "1", "--database-url", db.URL)
+	code, out, errOut = run(t, "migrate", "down", "1", "--yes", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "version 1, clean\n", out)
-	code, out, errOut = run(t, "migrate", "down", "--database-url", db.URL)
+	code, out, errOut = run(t, "migrate", "down", "-y", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "version 0, clean\n", out)
 
