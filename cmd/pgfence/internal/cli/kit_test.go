@@ -145,3 +145,54 @@ func TestLimitedRoles(t *testing.T) {
 		require.Equal(t, 2, v)
 	})
 }
+
+// TestMigrateDownChecksFirst: migrate down used to drop everything without
+// asking and, with a protected table, leave the database dirty with 002
+// already reverted, the hint lost. Now it asks, checks before changing
+// anything, and a refusal leaves the kit as it was.
+func TestMigrateDownChecksFirst(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+	_, err := db.Pool.Exec(t.Context(), `CREATE TABLE orders (id int, fence_token bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(t.Context(), db.Pool, "orders", "orders", "fence_token"))
+	unchanged := func(t *testing.T) {
+		t.Helper()
+		code, out, errOut := run(t, "migrate", "version", url)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.Equal(t, "version 2, clean\n", out)
+		v, err := sqlfuncs.Version(t.Context(), db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, 2, v, "002 is still applied")
+	}
+
+	code, _, errOut := run(t, "migrate", "down", "--yes", url)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "tables are protected (orders)")
+	require.Contains(t, errOut, "pgfence unprotect TABLE")
+	unchanged(t)
+
+	code, _, errOut = run(t, "migrate", "down", "5", "--yes", url)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "only 2 applied")
+	unchanged(t)
+
+	code, _, errOut = run(t, "unprotect", "orders", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	// The test's stdin is not a terminal (or gives no answer): without
+	// --yes, no change.
+	for _, args := range [][]string{{"down"}, {"down", "1"}, {"goto", "1"}} {
+		code, _, errOut = run(t, append(append([]string{"migrate"}, args...), url)...)
+		require.Equal(t, cli.ExitError, code, errOut)
+		require.Contains(t, errOut, "--yes")
+		require.Contains(t, errOut, "nothing was changed")
+		unchanged(t)
+	}
+	code, out, errOut := run(t, "migrate", "down", "--yes", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 0, clean\n", out)
+	code, out, errOut = run(t, "migrate", "up", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 2, clean\n", out)
+}
