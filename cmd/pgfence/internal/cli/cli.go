@@ -196,6 +196,10 @@ func typeUsageErrors(cmd *cobra.Command) {
 func message(err error) string {
 	msg := strings.ReplaceAll(oneLine(err), "pgfence: ", "")
 	msg = apiToFlags.Replace(msg)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Whatever the layer below called it, say it timed out.
+		msg = strings.ReplaceAll(msg, "context deadline exceeded", "timed out")
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Hint != "" {
 		if hint := strings.Join(strings.Fields(pgErr.Hint), " "); !strings.Contains(msg, hint) {
@@ -328,11 +332,11 @@ func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*g
 		return err
 	}
 	defer closePool(pool)
-	defer c.Close()
+	defer closeClient(c)
 	return fn(c)
 }
 
-// closeWait bounds closePool.
+// closeWait bounds closePool and closeClient.
 const closeWait = 3 * time.Second
 
 // closePool closes pool, waiting at most closeWait. pgxpool.Close waits for
@@ -340,11 +344,19 @@ const closeWait = 3 * time.Second
 // library failed to hand back (golang-migrate keeps the one it took when
 // preparing its version table fails) would otherwise keep pgfence from ever
 // exiting. The CLI exits soon after, which closes such a connection anyway.
-func closePool(pool *pgxpool.Pool) {
+func closePool(pool *pgxpool.Pool) { bounded(pool.Close) }
+
+// closeClient stops the client's listener, waiting at most closeWait (its
+// connection may sit on a network that no longer answers).
+func closeClient(c *gofence.Client) { bounded(c.Close) }
+
+// bounded runs fn and waits for it at most closeWait; past that, fn goes on
+// in the background.
+func bounded(fn func()) {
 	done := make(chan struct{})
 	go func() {
-		pool.Close()
-		close(done)
+		defer close(done)
+		fn()
 	}()
 	t := time.NewTimer(closeWait)
 	defer t.Stop()

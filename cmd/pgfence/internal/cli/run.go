@@ -92,7 +92,7 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	// the background, so that pgfence's exit is not delayed at all.
 	closer := closePool
 	defer func() { closer(pool) }()
-	defer c.Close()
+	defer closeClient(c)
 
 	lease, err := takeLease(ctx, c, resource, wait, timeout)
 	if err != nil {
@@ -136,7 +136,9 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	}
 	exited := make(chan error, 1)
 	if err := startOnThread(child, exited); err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
 		return fmt.Errorf("starting %s: %w", argv[0], err)
 	}
 	pgid := child.Process.Pid
@@ -235,7 +237,7 @@ loop:
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := lease.Release(rctx); err != nil {
-		fmt.Fprintf(g.stderr, "pgfence: %v\n", err)
+		fmt.Fprintf(g.stderr, "pgfence: %s\n", message(err))
 	}
 	if code != 0 {
 		return exitError{code, nil}
