@@ -88,19 +88,6 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + Default
 		Version:       Version(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		// Arguments that name no command are a usage error (exit 2), not
-		// cobra's untyped "unknown command" error.
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return nil
-			}
-			msg := fmt.Sprintf("unknown command %q; see pgfence --help", args[0])
-			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				msg += " (did you mean " + strings.Join(s, ", ") + "?)"
-			}
-			return usageError{errors.New(msg)}
-		},
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -111,9 +98,14 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + Default
 	root.AddCommand(commands(g)...)
 	typeUsageErrors(root)
 
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return ExitOK
+	}
+	if cmd == root && !errors.As(err, new(exitError)) {
+		// root runs nothing: its only errors are command lines that name
+		// no command (flag errors are usageErrors already).
+		err = usageError{err}
 	}
 	code := ExitError
 	var xerr exitError
