@@ -328,8 +328,9 @@ func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*g
 	return fn(c)
 }
 
-// closeWait bounds closePool and closeClient.
-const closeWait = 3 * time.Second
+// closeWait bounds closePool and closeClient (a variable for the test of
+// that bound).
+var closeWait = 3 * time.Second
 
 // closePool closes pool, waiting at most closeWait. pgxpool.Close waits for
 // every acquired connection to be released, forever; a connection that a
