@@ -245,10 +245,11 @@ loop:
 	return nil
 }
 
-// terminal reports whether f is a terminal, and its descriptor.
+// terminal reports whether f is a terminal, and its descriptor (asked with
+// TIOCGWINSZ, which every Unix pgfence builds for has, unlike TCGETS).
 func terminal(f *os.File) (int, bool) {
 	fd := int(f.Fd())
-	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	_, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
 	return fd, err == nil
 }
 
