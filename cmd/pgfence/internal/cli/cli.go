@@ -32,8 +32,10 @@ const (
 	// ExitHeld: acquire was not granted (another live lease holds the
 	// resource), or renew found the token no longer live.
 	ExitHeld = 3
-	// ExitRunNotAcquired: pgfence run could not get the lease, so the
-	// command never started.
+	// ExitRunNotAcquired: pgfence run did not start the command because
+	// another holder has the lease (with --wait --timeout: still had it at the
+	// timeout). Only then: any other failure is ExitError, so that a wrapper
+	// may read 75 as "another instance is running".
 	ExitRunNotAcquired = 75
 	// ExitRunLost: pgfence run lost the lease and stopped the command.
 	ExitRunLost = 76
