@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,11 +32,16 @@ const (
 	// ExitHeld: acquire was not granted (another live lease holds the
 	// resource), or renew found the token no longer live.
 	ExitHeld = 3
-	// ExitRunNotAcquired: pgfence run could not get the lease, so the
-	// command never started.
+	// ExitRunNotAcquired: pgfence run did not start the command because
+	// another holder has the lease (with --wait --timeout: still had it at the
+	// timeout). Only then: any other failure is ExitError, so that a wrapper
+	// may read 75 as "another instance is running".
 	ExitRunNotAcquired = 75
 	// ExitRunLost: pgfence run lost the lease and stopped the command.
 	ExitRunLost = 76
+	// ExitInterrupted: the command was stopped by SIGINT or SIGTERM before it
+	// finished (128 + SIGINT, as shells report it).
+	ExitInterrupted = 130
 )
 
 // exitError carries a specific exit code with its error (the message may be
@@ -66,7 +72,9 @@ type globals struct {
 }
 
 // Run parses args, runs the command and returns the process exit code.
-// Errors are printed to stderr on one line.
+// Errors are printed to stderr on one line, with a single "pgfence: " prefix;
+// with --json they are also printed on stdout as {"error", "exit_code"} (and
+// "sqlstate" when PostgreSQL sent the error).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// Commands write from several goroutines (a child's output copied by
 	// pgfence run, the logger, the command itself): serialize the writes.
@@ -77,35 +85,132 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Long: `pgfence hands out leases with fencing tokens and makes PostgreSQL refuse
 writes that carry a stale token, inside the writing transaction.
 
-Connection: --database-url, else DATABASE_URL, else the standard libpq PG*
-variables (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else ` + DefaultDatabaseURL + `.`,
+Connection: --database-url, else DATABASE_URL, else the standard libpq
+variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + DefaultDatabaseURL + `.`,
+		Version:       Version(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, PG* variables, "+DefaultDatabaseURL+")")
-	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout)")
+	root.SetVersionTemplate("pgfence {{.Version}}\n")
+	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, libpq PG* variables, "+DefaultDatabaseURL+")")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout; errors as {\"error\", \"exit_code\"})")
 	root.AddCommand(commands(g)...)
+	typeUsageErrors(root)
 
-	if err := root.ExecuteContext(ctx); err != nil {
-		var xerr exitError
-		if errors.As(err, &xerr) {
-			if xerr.err != nil {
-				fmt.Fprintln(g.stderr, "pgfence: "+oneLine(xerr.err))
-			}
-			return xerr.code
-		}
-		fmt.Fprintln(g.stderr, "pgfence: "+oneLine(err))
-		var uerr usageError
-		if errors.As(err, &uerr) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") {
-			return ExitUsage
-		}
-		return ExitError
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
 	}
-	return ExitOK
+	if cmd == root && !errors.As(err, new(exitError)) {
+		// root runs nothing: its only errors are command lines that name
+		// no command (flag errors are usageErrors already).
+		err = usageError{err}
+	}
+	code := ExitError
+	var xerr exitError
+	var uerr usageError
+	switch {
+	case errors.As(err, &xerr):
+		code = xerr.code
+		err = xerr.err
+	case errors.As(err, &uerr):
+		code = ExitUsage
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+		code = ExitInterrupted
+		err = errors.New("interrupted")
+	}
+	if err == nil {
+		return code // the command already said everything
+	}
+	msg := message(err)
+	fmt.Fprintln(g.stderr, "pgfence: "+msg)
+	if g.json || jsonRequested(args) {
+		out := jsonError{Error: msg, ExitCode: code}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			out.SQLState = pgErr.Code
+		}
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
+	}
+	return code
 }
+
+// jsonError is what --json prints on stdout when a command fails.
+type jsonError struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exit_code"`
+	SQLState string `json:"sqlstate,omitempty"`
+}
+
+// jsonRequested reports whether --json appears among the flags of args (before
+// a "--"), for errors that happen before the flags were parsed.
+func jsonRequested(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--json", "--json=true", "--json=1":
+			return true
+		}
+	}
+	return false
+}
+
+// typeUsageErrors makes every command-line error of cmd and its subcommands a
+// usageError, so that Run decides the exit code by type: flags that do not
+// parse and arguments that the command's Args rejects.
+func typeUsageErrors(cmd *cobra.Command) {
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	if args := cmd.Args; args != nil {
+		cmd.Args = func(c *cobra.Command, a []string) error {
+			if err := args(c, a); err != nil {
+				var uerr usageError
+				if errors.As(err, &uerr) {
+					return err
+				}
+				return usageError{fmt.Errorf("%s: %w (usage: pgfence %s)", c.Name(), err, c.Use)}
+			}
+			return nil
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		typeUsageErrors(sub)
+	}
+}
+
+// message is err on one line, ready for the single "pgfence: " prefix that
+// Run adds: the prefixes of the layers below are dropped, Go API names are
+// replaced by the flags that set them, and a PostgreSQL HINT that the message
+// lost on its way up (golang-migrate keeps only the message) is added back.
+func message(err error) string {
+	msg := strings.ReplaceAll(oneLine(err), "pgfence: ", "")
+	msg = apiToFlags.Replace(msg)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Whatever the layer below called it, say it timed out.
+		msg = strings.ReplaceAll(msg, "context deadline exceeded", "timed out")
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Hint != "" {
+		if hint := strings.Join(strings.Fields(pgErr.Hint), " "); !strings.Contains(msg, hint) {
+			msg += "; " + hint
+		}
+	}
+	return msg
+}
+
+// apiToFlags renames the gofence API in messages that reach a CLI user.
+var apiToFlags = strings.NewReplacer(
+	"Config.TTL", "--ttl",
+	"Config.Holder", "--holder",
+	"use Lock to wait for it", "pass --wait to wait for it",
+	"or use Lock to wait", "or pass --wait",
+	" (or gofence.Migrate)", "",
+)
 
 // lockedWriter serializes writes to w.
 type lockedWriter struct {
@@ -124,8 +229,27 @@ type unreachableError struct{ error }
 
 func (e unreachableError) Unwrap() error { return e.error }
 
-// usageError marks errors in the command line.
+// usageError marks errors in the command line (exit 2).
 type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// libpqEnv lists the environment variables libpq reads to choose and open a
+// connection (PostgreSQL's documentation, "Environment Variables"). Any of
+// them set means the user configured the connection that way; other PG*
+// names (PGFENCE_TOKEN, which pgfence run exports, for one) do not.
+var libpqEnv = []string{
+	"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD",
+	"PGPASSFILE", "PGREQUIREAUTH", "PGCHANNELBINDING", "PGSERVICE",
+	"PGSERVICEFILE", "PGOPTIONS", "PGAPPNAME", "PGSSLMODE", "PGREQUIRESSL",
+	"PGSSLNEGOTIATION", "PGSSLCOMPRESSION", "PGSSLCERT", "PGSSLKEY",
+	"PGSSLCERTMODE", "PGSSLROOTCERT", "PGSSLCRL", "PGSSLCRLDIR", "PGSSLSNI",
+	"PGREQUIREPEER", "PGSSLMINPROTOCOLVERSION", "PGSSLMAXPROTOCOLVERSION",
+	"PGGSSENCMODE", "PGKRBSRVNAME", "PGGSSLIB", "PGGSSDELEGATION",
+	"PGCONNECT_TIMEOUT", "PGCLIENTENCODING", "PGTARGETSESSIONATTRS",
+	"PGLOADBALANCEHOSTS", "PGDATESTYLE", "PGTZ", "PGGEQO", "PGSYSCONFDIR",
+	"PGLOCALEDIR", "PGSSLPASSWORD",
+}
 
 // connString resolves where the database is, in the documented order.
 func (g *globals) connString() string {
@@ -135,8 +259,8 @@ func (g *globals) connString() string {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		return u
 	}
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "PG") && strings.Contains(kv, "=") {
+	for _, name := range libpqEnv {
+		if os.Getenv(name) != "" {
 			return "" // pgx reads the PG* variables itself
 		}
 	}
@@ -159,7 +283,7 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
+		closePool(pool)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			return nil, fmt.Errorf("connecting to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
@@ -189,7 +313,7 @@ func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Clie
 	cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := gofence.New(pool, &cfg)
 	if err != nil {
-		pool.Close()
+		closePool(pool)
 		return nil, nil, usageError{err}
 	}
 	return c, pool, nil
@@ -201,9 +325,40 @@ func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*g
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	defer c.Close()
+	defer closePool(pool)
+	defer closeClient(c)
 	return fn(c)
+}
+
+// closeWait bounds closePool and closeClient (a variable for the test of
+// that bound).
+var closeWait = 3 * time.Second
+
+// closePool closes pool, waiting at most closeWait. pgxpool.Close waits for
+// every acquired connection to be released, forever; a connection that a
+// library failed to hand back (golang-migrate keeps the one it took when
+// preparing its version table fails) would otherwise keep pgfence from ever
+// exiting. The CLI exits soon after, which closes such a connection anyway.
+func closePool(pool *pgxpool.Pool) { bounded(pool.Close) }
+
+// closeClient stops the client's listener, waiting at most closeWait (its
+// connection may sit on a network that no longer answers).
+func closeClient(c *gofence.Client) { bounded(c.Close) }
+
+// bounded runs fn and waits for it at most closeWait; past that, fn goes on
+// in the background.
+func bounded(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // oneLine folds an error onto a single line.

@@ -54,10 +54,10 @@ func TestMigrateCommand(t *testing.T) {
 	code, out, errOut = run(t, "migrate", "up", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
-	code, out, errOut = run(t, "migrate", "down", "1", "--database-url", db.URL)
+	code, out, errOut = run(t, "migrate", "down", "1", "--yes", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest-1), out)
-	code, out, errOut = run(t, "migrate", "down", "--database-url", db.URL)
+	code, out, errOut = run(t, "migrate", "down", "-y", "--database-url", db.URL)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "version 0, clean\n", out)
 

@@ -68,6 +68,18 @@ func TestLeaseCommands(t *testing.T) {
 	require.Equal(t, cli.ExitOK, code, "release is idempotent")
 	require.JSONEq(t, `{"resource":"job","token":`+strconv.FormatInt(tok, 10)+`,"released":false}`, out)
 
+	// A released lease has no expiry left to show.
+	code, out, errOut = run(t, "status", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Regexp(t, `job\s+cron-1\s+`+strconv.FormatInt(tok, 10)+`\s+ttl\s+released\s+-\n`, out)
+	code, out, errOut = run(t, "status", "job", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	rows = nil
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.NotContains(t, rows[0], "expires_in_seconds")
+	require.NotContains(t, rows[0], "expires_at")
+	require.Contains(t, rows[0], "ended_at")
+
 	code, _, errOut = run(t, "renew", "job", "--token", strconv.FormatInt(tok, 10), url)
 	require.Equal(t, cli.ExitHeld, code, "renew of an ended lease")
 	require.Contains(t, errOut, "not the live lease")

@@ -123,7 +123,7 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 			return err
 		}
 	}
-	defer admin.Close()
+	defer closePool(admin)
 
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
@@ -147,7 +147,7 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closePool(pool)
 
 	// With --json the timeline is collected and printed as one document at
 	// the end; otherwise it is printed as it happens.

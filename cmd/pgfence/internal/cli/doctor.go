@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -25,8 +25,7 @@ type finding struct {
 // The diagnostic queries of doctor: they read settings and catalogs only.
 const (
 	doctorServerSQL = `SELECT current_setting('server_version'), current_setting('server_version_num')::int,
-		pg_is_in_recovery(), current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
-		has_database_privilege(current_database(), 'CREATE'), clock_timestamp()`
+		pg_is_in_recovery(), current_user, clock_timestamp()`
 	doctorPrivSQL = `SELECT has_schema_privilege('fence', 'USAGE'),
 		has_function_privilege('fence.acquire(text, text, interval, boolean)', 'EXECUTE'),
 		has_function_privilege('fence.check(text, bigint)', 'EXECUTE'),
@@ -46,7 +45,10 @@ server version; whether the kit's migrations are installed, at which version,
 and not dirty; the current role's privileges; synchronous_commit; whether
 asynchronous standbys exist (and what that means for tokens);
 idle_in_transaction_session_timeout; and the difference between this
-machine's clock and the server's. Exit code 1 when a check fails.`,
+machine's clock and the server's. Exit code 1 when a check fails.
+
+doctor only reads: it creates nothing (not even golang-migrate's version
+table), so it is safe to run as any role, before or after installing.`,
 		Example: `  pgfence doctor
   pgfence doctor --json`,
 		Args: cobra.NoArgs,
@@ -60,7 +62,7 @@ machine's clock and the server's. Exit code 1 when a check fails.`,
 			if err != nil {
 				add("connection", "fail", err.Error(), "start PostgreSQL or fix --database-url / DATABASE_URL / PG* variables")
 			} else {
-				defer pool.Close()
+				defer closePool(pool)
 				doctorChecks(ctx, pool, add)
 			}
 			failed := false
@@ -90,15 +92,14 @@ machine's clock and the server's. Exit code 1 when a check fails.`,
 
 func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
 	var (
-		version           string
-		versionNum        int
-		inRecovery, super bool
-		user              string
-		canCreate         bool
-		serverNow         time.Time
+		version    string
+		versionNum int
+		inRecovery bool
+		user       string
+		serverNow  time.Time
 	)
 	sent := time.Now()
-	if err := pool.QueryRow(ctx, doctorServerSQL).Scan(&version, &versionNum, &inRecovery, &user, &super, &canCreate, &serverNow); err != nil {
+	if err := pool.QueryRow(ctx, doctorServerSQL).Scan(&version, &versionNum, &inRecovery, &user, &serverNow); err != nil {
 		add("connection", "fail", err.Error(), "check the role and database in the connection string")
 		return
 	}
@@ -127,39 +128,11 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		add("clock", "ok", fmt.Sprintf("this machine and the server agree within %s", offset.Round(time.Millisecond)), "")
 	}
 
-	v, dirty, err := gofence.MigrationVersion(ctx, pool)
-	switch {
-	case err != nil:
-		add("migrations", "fail", err.Error(), "check privileges on fence_schema_migrations")
-	case dirty:
-		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", v), "repair by hand, then pgfence migrate force VERSION")
-	case v == 0:
-		add("migrations", "fail", "schema fence is not installed", "pgfence migrate up (needs CREATE on the database)")
-	case v < migrations.Latest:
-		add("migrations", "warn", fmt.Sprintf("version %d installed, %d available", v, migrations.Latest), "pgfence migrate up")
-	default:
-		add("migrations", "ok", fmt.Sprintf("version %d, clean", v), "")
-	}
-
-	if v > 0 {
-		var usage, acquire, check, revoke bool
-		if err := pool.QueryRow(ctx, doctorPrivSQL).Scan(&usage, &acquire, &check, &revoke); err != nil {
-			add("privileges", "fail", err.Error(), "")
-		} else if !usage || !acquire || !check {
-			add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (schema usage %v, acquire %v, check %v)", user, usage, acquire, check),
-				fmt.Sprintf("as the kit's owner: SELECT fence.grant_usage('%s')", user))
-		} else {
-			detail := fmt.Sprintf("role %s can hold leases and write under tokens", user)
-			if revoke {
-				detail += ", and revoke"
-			}
-			if super {
-				detail += " (superuser)"
-			}
-			add("privileges", "ok", detail, "")
-		}
-	} else if !canCreate && !super {
-		add("privileges", "warn", fmt.Sprintf("role %s cannot create schemas in this database", user), "GRANT CREATE ON DATABASE ... TO the role that will run pgfence migrate up")
+	k, err := readKit(ctx, pool)
+	if err != nil {
+		add("migrations", "fail", err.Error(), "")
+	} else {
+		doctorKit(ctx, pool, k, add)
 	}
 
 	var syncCommit, idleTimeout string
@@ -189,4 +162,66 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 	} else {
 		add("idle_in_transaction_session_timeout", "ok", idleTimeout, "")
 	}
+}
+
+// doctorKit reports the migrations and privileges checks from the catalogs
+// (readKit writes nothing), each fix addressed to the role that ran doctor:
+// GRANTs on the database and schema only for a role that would install the
+// kit, fence.grant_usage for a role that would use it.
+func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(check, status, detail, fix string)) {
+	if !k.Installed {
+		add("migrations", "fail", "schema fence is not installed", "pgfence migrate up, as the role that will own the kit")
+		if fixes := k.obstacles(true); len(fixes) > 0 {
+			add("privileges", "warn", fmt.Sprintf("role %s cannot install the kit", k.User), strings.Join(fixes, "; "))
+		} else {
+			add("privileges", "ok", fmt.Sprintf("role %s can install the kit (pgfence migrate up)", k.User), "")
+		}
+		return
+	}
+	upgrade := "pgfence migrate up"
+	if !k.IsKitOwner && !k.Super {
+		upgrade = fmt.Sprintf("ask the kit's owner to run pgfence migrate up (as role %s)", k.KitOwner)
+	}
+	switch {
+	case !k.VersionKnown:
+		add("migrations", "fail", fmt.Sprintf("schema fence exists (owner %s), but role %s can read neither %s nor fence.version()", k.KitOwner, k.User, migrations.Table),
+			fmt.Sprintf("as role %s (the kit's owner): SELECT fence.grant_usage('%s')", k.KitOwner, k.User))
+	case k.Dirty:
+		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", k.Version),
+			fmt.Sprintf("as role %s: repair by hand, then pgfence migrate force VERSION", k.KitOwner))
+	case k.Version < migrations.Latest:
+		add("migrations", "warn", fmt.Sprintf("version %d installed, %d available", k.Version, migrations.Latest), upgrade)
+	case k.Version > migrations.Latest:
+		add("migrations", "warn", fmt.Sprintf("version %d installed, newer than this build (%d)", k.Version, migrations.Latest), "use a pgfence build that carries it")
+	case !k.DirtyKnown:
+		add("migrations", "ok", fmt.Sprintf("version %d (from fence.version(); %s is the owner's)", k.Version, migrations.Table), "")
+	default:
+		add("migrations", "ok", fmt.Sprintf("version %d, clean", k.Version), "")
+	}
+
+	grant := fmt.Sprintf("as role %s (the kit's owner): SELECT fence.grant_usage('%s')", k.KitOwner, k.User)
+	if !k.Usage && !k.Super {
+		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (no usage on schema fence)", k.User), grant)
+		return
+	}
+	var usage, acquire, check, revoke bool
+	if err := pool.QueryRow(ctx, doctorPrivSQL).Scan(&usage, &acquire, &check, &revoke); err != nil {
+		add("privileges", "fail", err.Error(), "")
+		return
+	}
+	if !usage || !acquire || !check {
+		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (schema usage %v, acquire %v, check %v)", k.User, usage, acquire, check), grant)
+		return
+	}
+	detail := fmt.Sprintf("role %s can hold leases and write under tokens", k.User)
+	if revoke {
+		detail += ", and revoke"
+	}
+	switch {
+	case k.Super:
+		detail += " (superuser)"
+	case k.IsKitOwner:
+		detail += " (the kit's owner)"
+	}
+	add("privileges", "ok", detail, "")
 }

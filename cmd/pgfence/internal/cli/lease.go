@@ -46,11 +46,14 @@ Exit code 3 when another live lease holds the resource (without --wait).`,
 			ctx := cmd.Context()
 			return g.withClient(ctx, gofence.Config{TTL: ttl, Holder: holder}, func(c *gofence.Client) error {
 				l, err := takeLease(ctx, c, args[0], wait, timeout)
-				if errors.Is(err, context.DeadlineExceeded) {
-					return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s", args[0], timeout)}
-				}
-				if errors.Is(err, gofence.ErrHeld) {
-					return exitError{ExitHeld, fmt.Errorf("%w (or pass --wait)", err)}
+				var held *gofence.HeldError
+				switch {
+				case wait && timeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+					return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s (--timeout; another holder kept it)", args[0], timeout)}
+				case errors.As(err, &held):
+					return exitError{ExitHeld, errors.New(heldMessage(held))}
+				case errors.Is(err, gofence.ErrHeld):
+					return exitError{ExitHeld, fmt.Errorf("%w; pass --wait to wait for it", err)}
 				}
 				if err != nil {
 					return err
@@ -85,6 +88,20 @@ func takeLease(ctx context.Context, c *gofence.Client, resource string, wait boo
 		defer cancel()
 	}
 	return c.Lock(ctx, resource)
+}
+
+// heldMessage says who holds the resource and how to wait for it, in the
+// CLI's words (the library's HeldError names its Go API).
+func heldMessage(e *gofence.HeldError) string {
+	switch {
+	case e.Holder == "":
+		return fmt.Sprintf("%s is busy: a transaction under the previous token is still open; try again, or pass --wait to wait for it", e.Resource)
+	case e.ExpiresAt.IsZero():
+		return fmt.Sprintf("%s is held by %s (session lease, token %d); pass --wait to wait for it", e.Resource, e.Holder, e.Token)
+	default:
+		return fmt.Sprintf("%s is held by %s (token %d) for another %s by the server's clock; pass --wait to wait for it",
+			e.Resource, e.Holder, e.Token, e.ExpiresAt.Sub(e.ServerNow).Round(time.Millisecond))
+	}
 }
 
 // tokenFlag reads --token, which renew and release require.
@@ -238,13 +255,19 @@ func newStatusCmd(g *globals) *cobra.Command {
 				rows := make([]statusJSON, len(infos))
 				for i, in := range infos {
 					r := statusJSON{Resource: in.Resource, Holder: in.Holder, Token: in.Token, Kind: in.Kind, Live: in.Live, AcquiredAt: in.AcquiredAt}
-					if !in.ExpiresAt.IsZero() {
-						exp, left := in.ExpiresAt, in.ExpiresAt.Sub(in.ServerNow).Seconds()
-						r.ExpiresAt, r.ExpiresInSeconds = &exp, &left
-					}
-					if !in.EndedAt.IsZero() {
+					switch {
+					case !in.EndedAt.IsZero():
+						// Released or revoked: it ended then, whatever its TTL
+						// would have said.
 						ended := in.EndedAt
 						r.EndedAt = &ended
+					case !in.ExpiresAt.IsZero():
+						exp := in.ExpiresAt
+						r.ExpiresAt = &exp
+						if in.Live {
+							left := in.ExpiresAt.Sub(in.ServerNow).Seconds()
+							r.ExpiresInSeconds = &left
+						}
 					}
 					rows[i] = r
 				}

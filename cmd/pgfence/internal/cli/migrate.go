@@ -1,90 +1,213 @@
 package cli
 
 import (
+	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/migrations"
 )
 
+// migrateJSON is the --json shape of every migrate action. Dirty is null when
+// the role cannot read the version table (the version then comes from
+// fence.version()).
+type migrateJSON struct {
+	Version uint  `json:"version"`
+	Dirty   *bool `json:"dirty"`
+}
+
 func newMigrateCmd(g *globals) *cobra.Command {
+	var yes bool
 	cmd := &cobra.Command{
 		Use:   "migrate up | down [N] | goto V | version | force V",
 		Short: "Apply or inspect the kit's migrations (table fence_schema_migrations)",
+		Long: `migrate applies the kit's embedded migrations with golang-migrate (version
+table fence_schema_migrations, as the upstream migrate CLI with
+x-migrations-table=fence_schema_migrations).
+
+version only reads: it never creates the version table, and an application
+role that was granted usage sees the installed version through
+fence.version(). Every action that changes something first checks what
+stands in its way (privileges, a dirty version, protected tables) and
+changes nothing when something does, with the fix. down, and goto to a lower
+version, ask for confirmation (y/N) unless --yes; without a terminal they
+need --yes.`,
 		Example: `  pgfence migrate up          # install or upgrade schema fence
   pgfence migrate version     # print the installed version
   pgfence migrate down        # remove schema fence (refused while tables are protected)
   pgfence migrate force 1     # mark version 1 clean after a failed migration was repaired`,
-		Args: cobra.RangeArgs(1, 2),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("migrate needs an action: up, down [N], goto V, version or force V")}
+			}
+			want := map[string][2]int{"up": {1, 1}, "down": {1, 2}, "goto": {2, 2}, "version": {1, 1}, "force": {2, 2}}
+			n, ok := want[args[0]]
+			switch {
+			case !ok:
+				return usageError{fmt.Errorf("unknown migrate action %q (want up, down [N], goto V, version or force V)", args[0])}
+			case len(args) < n[0]:
+				return usageError{fmt.Errorf("migrate %s needs a number", args[0])}
+			case len(args) > n[1]:
+				return usageError{fmt.Errorf("migrate %s: unexpected argument %q", args[0], args[n[1]])}
+			}
+			if len(args) == 2 {
+				v, err := strconv.Atoi(args[1])
+				if err != nil {
+					return usageError{fmt.Errorf("migrate %s: %q is not a number", args[0], args[1])}
+				}
+				if v < 0 && args[0] != "force" || v < -1 || args[0] == "down" && v == 0 {
+					return usageError{fmt.Errorf("migrate %s: %d is out of range", args[0], v)}
+				}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			arg := func() (int, error) {
-				if len(args) < 2 {
-					return 0, usageError{fmt.Errorf("migrate %s needs a number", args[0])}
-				}
-				n, err := strconv.Atoi(args[1])
-				if err != nil {
-					return 0, usageError{fmt.Errorf("migrate %s: %q is not a number", args[0], args[1])}
-				}
-				return n, nil
+			n := 0
+			if len(args) == 2 {
+				n, _ = strconv.Atoi(args[1]) // checked by Args
 			}
 			pool, err := g.connect(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			switch args[0] {
-			case "up":
-				err = gofence.Migrate(ctx, pool)
-			case "down":
-				if len(args) == 2 {
-					var n int
-					if n, err = arg(); err == nil {
-						err = gofence.MigrateSteps(ctx, pool, -n)
-					}
-				} else {
-					err = gofence.MigrateTo(ctx, pool, 0)
-				}
-			case "goto":
-				var v int
-				if v, err = arg(); err == nil {
-					if v < 0 {
-						return usageError{fmt.Errorf("migrate goto: version must be 0 or more")}
-					}
-					err = gofence.MigrateTo(ctx, pool, uint(v))
-				}
-			case "force":
-				var v int
-				if v, err = arg(); err == nil {
-					err = gofence.ForceMigrationVersion(ctx, pool, v)
-				}
-			case "version":
-			default:
-				return usageError{fmt.Errorf("unknown migrate action %q (want up, down, goto, version or force)", args[0])}
-			}
+			defer closePool(pool)
+			k, err := readKit(ctx, pool)
 			if err != nil {
 				return err
 			}
-			v, dirty, err := gofence.MigrationVersion(ctx, pool)
-			if err != nil {
-				return err
-			}
-			out := struct {
-				Version uint `json:"version"`
-				Dirty   bool `json:"dirty"`
-			}{v, dirty}
-			return g.emit(out, func(w io.Writer) error {
-				state := "clean"
-				if dirty {
-					state = "dirty (a migration failed half-way: repair, then pgfence migrate force VERSION)"
+			if args[0] != "version" {
+				if err := g.migrate(ctx, pool, k, args[0], n, yes); err != nil {
+					return err
 				}
-				_, err := fmt.Fprintf(w, "version %d, %s\n", v, state)
-				return err
-			})
+				if k, err = readKit(ctx, pool); err != nil {
+					return err
+				}
+			}
+			return g.printVersion(k)
 		},
 	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask before migrating down")
 	return cmd
+}
+
+// migrate runs one changing action after checking, with the catalogs alone,
+// that nothing stands in its way.
+func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, action string, n int, yes bool) error {
+	if !k.VersionKnown {
+		return notReadable(k)
+	}
+	target := int(k.Version)
+	switch action {
+	case "up":
+		target = migrations.Latest
+	case "down":
+		if n == 0 {
+			target = 0
+		} else {
+			target -= n
+		}
+	case "goto":
+		target = n
+	}
+	if action == "up" && int(k.Version) == migrations.Latest && !k.Dirty {
+		return nil // nothing to do; golang-migrate would still want to write its table
+	}
+	if target < 0 {
+		return fmt.Errorf("migrate down %d: only %d applied (version %d)", n, k.Version, k.Version)
+	}
+	if target > migrations.Latest {
+		return fmt.Errorf("migrate goto %d: this build carries migrations up to %d", target, migrations.Latest)
+	}
+	if err := k.canMigrate(!k.Installed && target > 0); err != nil {
+		return err
+	}
+	if action == "force" {
+		return gofence.ForceMigrationVersion(ctx, pool, n)
+	}
+	if k.Dirty {
+		return fmt.Errorf("version %d is dirty (a migration failed half-way): repair what it left, then pgfence migrate force VERSION (the version the database is really at) and try again; nothing was changed", k.Version)
+	}
+	if target == int(k.Version) {
+		return nil
+	}
+	if target < int(k.Version) {
+		if target == 0 && k.Installed {
+			tables, err := protectedTables(ctx, pool)
+			if err != nil {
+				return fmt.Errorf("listing protected tables: %w", err)
+			}
+			if tables != "" {
+				return fmt.Errorf("cannot remove schema fence while tables are protected (%s): run pgfence unprotect TABLE for each, as its owner, then migrate down again; nothing was changed", tables)
+			}
+		}
+		if err := g.confirm(fmt.Sprintf("migrate schema fence down from version %d to %d%s?", k.Version, target,
+			map[bool]string{true: " (removes the kit: every lease and token)"}[target == 0]), yes); err != nil {
+			return err
+		}
+	}
+	switch action {
+	case "up":
+		return gofence.Migrate(ctx, pool)
+	case "down":
+		if n > 0 {
+			return gofence.MigrateSteps(ctx, pool, -n)
+		}
+	}
+	return gofence.MigrateTo(ctx, pool, uint(target))
+}
+
+// confirm asks question on stderr and reads y/N from stdin; without a
+// terminal on stdin it refuses, so that a script never migrates down by
+// accident.
+func (g *globals) confirm(question string, yes bool) error {
+	if yes {
+		return nil
+	}
+	fi, err := os.Stdin.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return exitError{ExitError, fmt.Errorf("%s needs confirmation and stdin is not a terminal: pass --yes; nothing was changed", strings.TrimSuffix(question, "?"))}
+	}
+	fmt.Fprintf(g.stderr, "pgfence: %s [y/N] ", question)
+	answer, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return exitError{ExitError, errors.New("not confirmed (answer y, or pass --yes); nothing was changed")}
+}
+
+func notReadable(k kitState) error {
+	return fmt.Errorf("schema fence exists, but role %s can read neither %s nor fence.version(): as %s (the kit's owner), run SELECT fence.grant_usage('%s')",
+		k.User, migrations.Table, k.KitOwner, k.User)
+}
+
+func (g *globals) printVersion(k kitState) error {
+	if !k.VersionKnown {
+		return notReadable(k)
+	}
+	out := migrateJSON{Version: k.Version}
+	if k.DirtyKnown {
+		out.Dirty = &k.Dirty
+	}
+	return g.emit(out, func(w io.Writer) error {
+		state := "clean"
+		switch {
+		case !k.DirtyKnown:
+			state = fmt.Sprintf("from fence.version() (role %s cannot read %s, so a half-failed migration would not show here)", k.User, migrations.Table)
+		case k.Dirty:
+			state = "dirty (a migration failed half-way: repair, then pgfence migrate force VERSION)"
+		}
+		_, err := fmt.Fprintf(w, "version %d, %s\n", k.Version, state)
+		return err
+	})
 }

@@ -1,4 +1,4 @@
-//go:build unix
+//go:build linux
 
 package cli_test
 
@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -116,32 +115,28 @@ func TestRunDoesNotSpinAfterASignal(t *testing.T) {
 	require.Less(t, cpu, wall/3, "pgfence run burned a CPU while waiting for the command to stop")
 }
 
-// A single Ctrl-C (SIGINT to pgfence) reaches the command as SIGINT and also
-// as SIGTERM (the ctx branch), and the command is SIGKILLed after --grace.
-// docs/cli.md says signals sent to pgfence "go to the whole group"; a
-// command that handles INT by cancelling its current work (psql, for
-// instance) is killed instead.
+// A single Ctrl-C (SIGINT to pgfence) used to reach the command as SIGINT and
+// also as SIGTERM (the ctx branch), and the command was SIGKILLed after
+// --grace. docs/cli.md says signals sent to pgfence "go to the whole group";
+// a command that handles INT by cancelling its current work (psql, for
+// instance) was killed instead. The command here logs each signal; after the
+// SIGINT, a SIGHUP (passed on as well) makes it exit: the log must hold
+// exactly those two, and the exit code must be the command's own.
 func TestRunPassesCtrlCOnlyAsSIGINT(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Setup(t)
+	bin := buildPgfence(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "pgfence")
-	build := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-
 	log := filepath.Join(dir, "log")
-	ready := filepath.Join(dir, "ready")
-	script := `trap 'echo INT >> ` + log + `' INT; trap 'echo TERM >> ` + log + `' TERM; touch ` + ready + `; while :; do sleep 0.05; done`
-	cmd := exec.Command(bin, "run", "job", "--ttl", "10s", "--grace", "1s", "--database-url", db.URL, "--", "sh", "-c", script)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill()
-	require.Eventually(t, func() bool { _, err := os.Stat(ready); return err == nil }, 20*time.Second, 10*time.Millisecond)
+	pidFile := filepath.Join(dir, "pid")
+	script := `trap 'echo INT >> ` + log + `' INT; trap 'echo TERM >> ` + log + `' TERM; trap 'echo HUP >> ` + log + `; exit 3' HUP; ` +
+		`echo $$ > ` + pidFile + `; while :; do sleep 0.05; done`
+	cmd, stderr := startPgfence(t, bin, "run", "job", "--ttl", "10s", "--grace", "1s", "--database-url", db.URL, "--", "sh", "-c", script)
+	waitPid(t, pidFile) // and kill its group at the end, whatever happens
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
-	time.Sleep(2 * time.Second) // more than --grace
-	got, _ := os.ReadFile(log)
-	require.Equal(t, "INT\n", string(got), "the command got more than the SIGINT sent to pgfence")
+	require.Eventually(t, func() bool { b, _ := os.ReadFile(log); return len(b) > 0 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
+	require.Equal(t, 3, exitCode(t, cmd), "stderr: %s", stderr.String())
+	require.Equal(t, "INT\nHUP\n", readFile(t, log), "the command got more than the signals sent to pgfence")
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
@@ -33,23 +34,32 @@ DATABASE_URL with --export-url), so that the command can write under the
 token. COMMAND runs in a process group of its own; signals sent to pgfence
 (INT, TERM, HUP, QUIT, USR1, USR2) are passed to the whole group.
 
+A second INT or TERM (a second Ctrl-C) sends SIGKILL to the group and ends
+pgfence at once; the lease then ends at its expiry. On Linux, the command
+itself (not what it started) is also SIGKILLed by the kernel if pgfence
+dies without cleaning up (parent-death signal).
+
 If the lease cannot be renewed, run sends SIGTERM to the group when less than
 --grace is left before the local trust deadline, and SIGKILL before the
 deadline itself, which comes before the server could grant the lease to
 anyone else. A shell wrapper cannot keep a grandchild alive: the whole group
 is signalled.
 
-Exit code: COMMAND's own (128+N when killed by signal N); 75 when the lease
-was not granted (COMMAND never started); 76 when the lease was lost and
-COMMAND was stopped.`,
+Exit code: COMMAND's own (128+N when killed by signal N); 75 when another
+holder has the lease (or, with --wait --timeout, still had it at the
+timeout): COMMAND never started; 76 when the lease was lost and COMMAND was
+stopped; 1 for every other failure (no kit, no server, no privilege), so
+that 75 can safely mean "another instance is running".`,
 		Example: `  pgfence run nightly-report -- ./report.sh
   pgfence run nightly-report --wait --timeout 10m --ttl 1m -- sh -c 'psql -c "..." '
   pgfence run billing --export-url -- ./bill --token-from-env`,
-		Args: cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if dash := cmd.ArgsLenAtDash(); dash != 1 {
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 || cmd.ArgsLenAtDash() != 1 {
 				return usageError{errors.New("usage: pgfence run RESOURCE [flags] -- COMMAND [ARGS...] (put -- before the command)")}
 			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if timeout > 0 && !wait {
 				return usageError{errors.New("--timeout goes with --wait")}
 			}
@@ -64,7 +74,7 @@ COMMAND was stopped.`,
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "lease time to live; renewed every TTL/3 while the command runs")
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the lease instead of exiting 75 when it is held")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the lease instead of exiting 75 when another holder has it")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long (exit 75)")
 	cmd.Flags().DurationVar(&grace, "grace", 0, "time between SIGTERM and SIGKILL on lease loss (default min(5s, TTL/5))")
 	cmd.Flags().StringVar(&holder, "holder", "", "holder name shown in status (default host/pid/random)")
@@ -78,19 +88,27 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	if err != nil {
 		return err
 	}
-	// After a loss the database may not answer: closing the pool then waits
-	// for connections that cannot say goodbye (pgxpool gives them 15 s), so
-	// it is left to the background and the command's exit is not delayed.
-	closePool := pool.Close
-	defer func() { closePool() }()
-	defer c.Close()
+	// After a loss the database may not answer: the pool is then closed in
+	// the background, so that pgfence's exit is not delayed at all.
+	closer := closePool
+	defer func() { closer(pool) }()
+	defer closeClient(c)
 
 	lease, err := takeLease(ctx, c, resource, wait, timeout)
 	if err != nil {
-		if errors.Is(err, gofence.ErrHeld) || errors.Is(err, context.DeadlineExceeded) {
+		// 75 means "held by another" and nothing else: a cron wrapper reads
+		// it as "another instance is running", so an outage (no kit, no
+		// server, no privilege) must not look like one.
+		var held *gofence.HeldError
+		switch {
+		case errors.As(err, &held):
+			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: %s", resource, argv[0], heldMessage(held))}
+		case errors.Is(err, gofence.ErrHeld):
 			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: %w", resource, argv[0], err)}
+		case wait && timeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: not granted within %s (--timeout; another holder kept it)", resource, argv[0], timeout)}
 		}
-		return exitError{ExitRunNotAcquired, err}
+		return err
 	}
 
 	child := exec.Command(argv[0], argv[1:]...)
@@ -103,6 +121,10 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	}
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, g.stdout, g.stderr
 	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// If pgfence itself dies (SIGKILL, OOM killer), nothing is left to stop
+	// the command before the lease passes: on Linux the kernel sends it
+	// SIGKILL then (see setParentDeathSignal for what that covers).
+	startOnThread := setParentDeathSignal(child.SysProcAttr)
 	// A group of its own is how the whole command is signalled; on a
 	// terminal that group must also be the foreground one, or the command
 	// is stopped (SIGTTIN) as soon as it reads from the terminal.
@@ -112,18 +134,21 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 		child.SysProcAttr.Ctty = tty
 		restoreForeground = func() { takeForeground(tty) }
 	}
-	if err := child.Start(); err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
-		return exitError{ExitError, fmt.Errorf("starting %s: %w", argv[0], err)}
+	exited := make(chan error, 1)
+	if err := startOnThread(child, exited); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+		return fmt.Errorf("starting %s: %w", argv[0], err)
 	}
 	pgid := child.Process.Pid
+	// A second SIGINT or SIGTERM ends pgfence at once (NotifyContext): the
+	// group goes first.
+	defer onAbort(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })()
 
 	signals := make(chan os.Signal, 4)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(signals)
-
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
 
 	// The watchdog: SIGTERM when less than grace is left before the trust
 	// deadline (or at once when the lease is lost), SIGKILL when a quarter of
@@ -135,7 +160,7 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	var termAt time.Time
-	killed, forwarded := false, false
+	killed, forwarded, interrupts := false, false, 0
 	ctxDone := ctx.Done()
 	var ctxSettled <-chan time.Time
 	var waitErr error
@@ -146,6 +171,15 @@ loop:
 			break loop
 		case sig := <-signals:
 			forwarded = true
+			if sig == syscall.SIGINT || sig == syscall.SIGTERM {
+				// A command that ignores INT and TERM is not left running
+				// after a second one: escalate, as for a lost lease.
+				if interrupts++; interrupts > 1 {
+					fmt.Fprintf(g.stderr, "pgfence: %s asked to stop again; sending SIGKILL to %s\n", sig, argv[0])
+					_ = syscall.Kill(-pgid, syscall.SIGKILL)
+					continue
+				}
+			}
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
 		case <-ctxDone:
 			// main cancels ctx on SIGINT/SIGTERM, which the case above passes
@@ -187,14 +221,14 @@ loop:
 			code = 128 + int(ws.Signal())
 		}
 	default:
-		return exitError{ExitError, fmt.Errorf("waiting for %s: %w", argv[0], waitErr)}
+		return fmt.Errorf("waiting for %s: %w", argv[0], waitErr)
 	}
 
 	if !termAt.IsZero() {
-		// Lost: do not wait on a database that may not answer. Releasing with
-		// a context that is already done stops the keepalive and the loss
-		// timer without a round trip.
-		closePool = func() { go pool.Close() }
+		// Lost: do not wait on a database that may not answer. Releasing
+		// with a context that is already done stops the keepalive and the
+		// loss timer without a round trip.
+		closer = func(p *pgxpool.Pool) { go p.Close() }
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		_ = lease.Release(done)
@@ -203,7 +237,7 @@ loop:
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := lease.Release(rctx); err != nil {
-		fmt.Fprintf(g.stderr, "pgfence: %v\n", err)
+		fmt.Fprintf(g.stderr, "pgfence: %s\n", message(err))
 	}
 	if code != 0 {
 		return exitError{code, nil}
@@ -211,10 +245,11 @@ loop:
 	return nil
 }
 
-// terminal reports whether f is a terminal, and its descriptor.
+// terminal reports whether f is a terminal, and its descriptor (asked with
+// TIOCGWINSZ, which every Unix pgfence builds for has, unlike TCGETS).
 func terminal(f *os.File) (int, bool) {
 	fd := int(f.Fd())
-	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	_, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
 	return fd, err == nil
 }
 

@@ -1,0 +1,198 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+type finding struct{ Check, Status, Detail, Fix string }
+
+// doctorFindings runs doctor --json and returns its findings by check.
+func doctorFindings(t *testing.T, url string) (int, map[string]finding, string) {
+	t.Helper()
+	code, out, errOut := run(t, "doctor", "--json", "--database-url", url)
+	var fs []finding
+	require.NoError(t, json.Unmarshal([]byte(out), &fs), "stdout %q stderr %q", out, errOut)
+	m := map[string]finding{}
+	for _, f := range fs {
+		m[f.Check] = f
+	}
+	return code, m, out
+}
+
+// nothingInstalled asserts that the database has neither schema fence nor
+// golang-migrate's version table.
+func nothingInstalled(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	var table, schema bool
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT to_regclass('public.fence_schema_migrations') IS NOT NULL,
+		EXISTS (SELECT FROM pg_namespace WHERE nspname = 'fence')`).Scan(&table, &schema))
+	require.False(t, table, "fence_schema_migrations was created")
+	require.False(t, schema, "schema fence was created")
+}
+
+// TestReadingWritesNothing: migrate version and doctor only read; in a
+// database that never had the kit they leave it as they found it.
+func TestReadingWritesNothing(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Empty(t)
+	code, out, errOut := run(t, "migrate", "version", "--database-url", db.URL)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 0, clean\n", out)
+	code, fs, out := doctorFindings(t, db.URL)
+	require.Equal(t, cli.ExitError, code, out)
+	require.Equal(t, "fail", fs["migrations"].Status)
+	require.Equal(t, "pgfence migrate up, as the role that will own the kit", fs["migrations"].Fix)
+	nothingInstalled(t, db)
+}
+
+// TestLimitedRoles runs migrate and doctor as an ordinary owner and as an
+// application role, as the README tells users to set them up. As the owner
+// without CREATE on schema public, and as an application role, golang-migrate
+// used to fail to create its table and keep its connection: the commands
+// printed their output and never exited. Every finding must name the fix for
+// the role that ran it.
+func TestLimitedRoles(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Empty(t)
+	owner := pgtest.NewRole(t, "owner")
+	_, err := db.Pool.Exec(t.Context(), "GRANT CREATE ON DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" TO "+owner+"; REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+	require.NoError(t, err)
+	ownerURL := db.URLAs(owner)
+
+	t.Run("owner without CREATE on schema public", func(t *testing.T) {
+		code, fs, out := doctorFindings(t, ownerURL)
+		require.Equal(t, cli.ExitError, code, out)
+		require.Equal(t, "fail", fs["migrations"].Status, out)
+		require.Equal(t, "warn", fs["privileges"].Status, out)
+		require.Contains(t, fs["privileges"].Fix, "GRANT CREATE ON SCHEMA public TO "+owner)
+		require.NotContains(t, out, "ON DATABASE", "the owner has CREATE on the database")
+
+		code, _, errOut := run(t, "migrate", "up", "--database-url", ownerURL)
+		require.Equal(t, cli.ExitError, code, errOut)
+		require.Contains(t, errOut, "GRANT CREATE ON SCHEMA public TO "+owner)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+
+		code, out, errOut = run(t, "migrate", "version", "--database-url", ownerURL)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.Equal(t, "version 0, clean\n", out)
+		nothingInstalled(t, db)
+	})
+
+	_, err = db.Pool.Exec(t.Context(), "GRANT CREATE ON SCHEMA public TO "+owner)
+	require.NoError(t, err)
+	code, out, errOut := run(t, "migrate", "up", "--database-url", ownerURL)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 2, clean\n", out)
+	code, fs, out := doctorFindings(t, ownerURL)
+	require.Equal(t, "ok", fs["migrations"].Status, out)
+	require.Equal(t, "ok", fs["privileges"].Status, out)
+	require.Contains(t, fs["privileges"].Detail, "the kit's owner")
+	require.Equal(t, cli.ExitOK, code, out)
+
+	app := pgtest.NewRole(t, "app")
+	appURL := db.URLAs(app)
+	t.Run("application role without usage", func(t *testing.T) {
+		code, fs, out := doctorFindings(t, appURL)
+		require.Equal(t, cli.ExitError, code, out)
+		grant := "as role " + owner + " (the kit's owner): SELECT fence.grant_usage('" + app + "')"
+		require.Equal(t, "fail", fs["migrations"].Status, out)
+		require.Equal(t, grant, fs["migrations"].Fix)
+		require.Equal(t, "fail", fs["privileges"].Status, out)
+		require.Equal(t, grant, fs["privileges"].Fix)
+		require.NotContains(t, out, "GRANT CREATE")
+
+		code, _, errOut := run(t, "migrate", "version", "--database-url", appURL)
+		require.Equal(t, cli.ExitError, code)
+		require.Contains(t, errOut, "fence.grant_usage('"+app+"')")
+	})
+
+	ownerConn, err := pgx.Connect(t.Context(), ownerURL)
+	require.NoError(t, err)
+	defer ownerConn.Close(t.Context())
+	require.NoError(t, sqlfuncs.GrantUsage(t.Context(), ownerConn, app, false))
+
+	t.Run("application role with usage", func(t *testing.T) {
+		code, out, errOut := run(t, "migrate", "version", "--database-url", appURL)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.True(t, strings.HasPrefix(out, "version 2, from fence.version()"), out)
+		code, out, errOut = run(t, "migrate", "version", "--json", "--database-url", appURL)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.JSONEq(t, `{"version": 2, "dirty": null}`, out)
+
+		code, fs, out := doctorFindings(t, appURL)
+		require.Equal(t, cli.ExitOK, code, out)
+		require.Equal(t, "ok", fs["migrations"].Status, out)
+		require.Equal(t, "ok", fs["privileges"].Status, out)
+		require.NotContains(t, out, "GRANT CREATE", "an application role is never told to get CREATE")
+
+		code, out, errOut = run(t, "migrate", "up", "--database-url", appURL)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.True(t, strings.HasPrefix(out, "version 2"), out)
+		code, _, errOut = run(t, "migrate", "down", "--yes", "--database-url", appURL)
+		require.Equal(t, cli.ExitError, code)
+		require.Contains(t, errOut, "run pgfence migrate as "+owner)
+		v, err := sqlfuncs.Version(t.Context(), db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, 2, v)
+	})
+}
+
+// TestMigrateDownChecksFirst: migrate down used to drop everything without
+// asking and, with a protected table, leave the database dirty with 002
+// already reverted, the hint lost. Now it asks, checks before changing
+// anything, and a refusal leaves the kit as it was.
+func TestMigrateDownChecksFirst(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+	_, err := db.Pool.Exec(t.Context(), `CREATE TABLE orders (id int, fence_token bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(t.Context(), db.Pool, "orders", "orders", "fence_token"))
+	unchanged := func(t *testing.T) {
+		t.Helper()
+		code, out, errOut := run(t, "migrate", "version", url)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.Equal(t, "version 2, clean\n", out)
+		v, err := sqlfuncs.Version(t.Context(), db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, 2, v, "002 is still applied")
+	}
+
+	code, _, errOut := run(t, "migrate", "down", "--yes", url)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "tables are protected (orders)")
+	require.Contains(t, errOut, "pgfence unprotect TABLE")
+	unchanged(t)
+
+	code, _, errOut = run(t, "migrate", "down", "5", "--yes", url)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "only 2 applied")
+	unchanged(t)
+
+	code, _, errOut = run(t, "unprotect", "orders", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	// The test's stdin is not a terminal (or gives no answer): without
+	// --yes, no change.
+	for _, args := range [][]string{{"down"}, {"down", "1"}, {"goto", "1"}} {
+		code, _, errOut = run(t, append(append([]string{"migrate"}, args...), url)...)
+		require.Equal(t, cli.ExitError, code, errOut)
+		require.Contains(t, errOut, "--yes")
+		require.Contains(t, errOut, "nothing was changed")
+		unchanged(t)
+	}
+	code, out, errOut := run(t, "migrate", "down", "--yes", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 0, clean\n", out)
+	code, out, errOut = run(t, "migrate", "up", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 2, clean\n", out)
+}
