@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -126,7 +128,7 @@ func TestVersionFlag(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := run(t, "--version")
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.Regexp(t, `^pgfence \S.*, migrations 2\n$`, out)
+	require.Regexp(t, fmt.Sprintf(`^pgfence \S.*, migrations %d\n$`, migrations.Latest), out)
 }
 
 // TestRunExits75OnlyWhenHeld: 75 tells a cron wrapper "another instance

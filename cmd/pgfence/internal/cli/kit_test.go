@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -91,7 +93,7 @@ func TestLimitedRoles(t *testing.T) {
 	require.NoError(t, err)
 	code, out, errOut := run(t, "migrate", "up", "--database-url", ownerURL)
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.Equal(t, "version 2, clean\n", out)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
 	code, fs, out := doctorFindings(t, ownerURL)
 	require.Equal(t, "ok", fs["migrations"].Status, out)
 	require.Equal(t, "ok", fs["privileges"].Status, out)
@@ -123,10 +125,10 @@ func TestLimitedRoles(t *testing.T) {
 	t.Run("application role with usage", func(t *testing.T) {
 		code, out, errOut := run(t, "migrate", "version", "--database-url", appURL)
 		require.Equal(t, cli.ExitOK, code, errOut)
-		require.True(t, strings.HasPrefix(out, "version 2, from fence.version()"), out)
+		require.True(t, strings.HasPrefix(out, fmt.Sprintf("version %d, from fence.version()", migrations.Latest)), out)
 		code, out, errOut = run(t, "migrate", "version", "--json", "--database-url", appURL)
 		require.Equal(t, cli.ExitOK, code, errOut)
-		require.JSONEq(t, `{"version": 2, "dirty": null}`, out)
+		require.JSONEq(t, fmt.Sprintf(`{"version": %d, "dirty": null}`, migrations.Latest), out)
 
 		code, fs, out := doctorFindings(t, appURL)
 		require.Equal(t, cli.ExitOK, code, out)
@@ -136,13 +138,13 @@ func TestLimitedRoles(t *testing.T) {
 
 		code, out, errOut = run(t, "migrate", "up", "--database-url", appURL)
 		require.Equal(t, cli.ExitOK, code, errOut)
-		require.True(t, strings.HasPrefix(out, "version 2"), out)
+		require.True(t, strings.HasPrefix(out, fmt.Sprintf("version %d", migrations.Latest)), out)
 		code, _, errOut = run(t, "migrate", "down", "--yes", "--database-url", appURL)
 		require.Equal(t, cli.ExitError, code)
 		require.Contains(t, errOut, "run pgfence migrate as "+owner)
 		v, err := sqlfuncs.Version(t.Context(), db.Pool)
 		require.NoError(t, err)
-		require.Equal(t, 2, v)
+		require.Equal(t, migrations.Latest, v)
 	})
 }
 
@@ -161,10 +163,10 @@ func TestMigrateDownChecksFirst(t *testing.T) {
 		t.Helper()
 		code, out, errOut := run(t, "migrate", "version", url)
 		require.Equal(t, cli.ExitOK, code, errOut)
-		require.Equal(t, "version 2, clean\n", out)
+		require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
 		v, err := sqlfuncs.Version(t.Context(), db.Pool)
 		require.NoError(t, err)
-		require.Equal(t, 2, v, "002 is still applied")
+		require.Equal(t, migrations.Latest, v, "the latest migration is still applied")
 	}
 
 	code, _, errOut := run(t, "migrate", "down", "--yes", url)
@@ -175,7 +177,7 @@ func TestMigrateDownChecksFirst(t *testing.T) {
 
 	code, _, errOut = run(t, "migrate", "down", "5", "--yes", url)
 	require.Equal(t, cli.ExitError, code, errOut)
-	require.Contains(t, errOut, "only 2 applied")
+	require.Contains(t, errOut, fmt.Sprintf("only %d applied", migrations.Latest))
 	unchanged(t)
 
 	code, _, errOut = run(t, "unprotect", "orders", url)
@@ -194,5 +196,5 @@ func TestMigrateDownChecksFirst(t *testing.T) {
 	require.Equal(t, "version 0, clean\n", out)
 	code, out, errOut = run(t, "migrate", "up", url)
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.Equal(t, "version 2, clean\n", out)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
 }

@@ -4,6 +4,7 @@ package cli_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -36,15 +38,15 @@ func TestMigrateDownAsksOnATerminal(t *testing.T) {
 	}
 
 	out := down("n\n")
-	require.Contains(t, out, "migrate schema fence down from version 2 to 1? [y/N]")
+	require.Contains(t, out, fmt.Sprintf("migrate schema fence down from version %d to %d? [y/N]", migrations.Latest, migrations.Latest-1))
 	require.Contains(t, out, "not confirmed")
 	v, err := sqlfuncs.Version(t.Context(), db.Pool)
 	require.NoError(t, err)
-	require.Equal(t, 2, v)
+	require.Equal(t, migrations.Latest, v)
 
 	out = down("y\n")
-	require.Contains(t, out, "version 1, clean", out)
+	require.Contains(t, out, fmt.Sprintf("version %d, clean", migrations.Latest-1), out)
 	v, err = sqlfuncs.Version(t.Context(), db.Pool)
 	require.NoError(t, err)
-	require.Equal(t, 1, v)
+	require.Equal(t, migrations.Latest-1, v)
 }
