@@ -105,6 +105,7 @@ const (
 	// kitProtectedSQL lists the tables that migrating below version 1 would
 	// leave unguarded (001's down file refuses then).
 	kitProtectedSQL = `SELECT coalesce(string_agg(DISTINCT tbl::text, ', '), '') FROM fence.protected`
+	kitLeasesSQL    = `SELECT EXISTS (SELECT FROM fence.lease)`
 )
 
 // readKit reads the kit's state as the pool's role, writing nothing.
@@ -140,6 +141,14 @@ func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 }
 
 // protectedTables lists the tables guarded by the kit, for the kit's owner.
+// hasLeases reports whether fence.lease has any row (a resource was ever
+// granted).
+func hasLeases(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var b bool
+	err := pool.QueryRow(ctx, kitLeasesSQL).Scan(&b)
+	return b, err
+}
+
 func protectedTables(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	var tables string
 	err := pool.QueryRow(ctx, kitProtectedSQL).Scan(&tables)

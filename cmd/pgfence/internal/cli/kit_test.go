@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -197,4 +198,28 @@ func TestMigrateDownChecksFirst(t *testing.T) {
 	code, out, errOut = run(t, "migrate", "up", url)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
+}
+
+// TestMigrateBelow3RefusesWhileLeasesExist: the kit's lease rows keep every
+// resource's latest token; going below version 3 (and on to 0) would forget
+// them, so migrate down refuses before changing anything unless
+// --allow-downgrade, which passes fence.allow_downgrade to the migration.
+func TestMigrateBelow3RefusesWhileLeasesExist(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+	_, ok, err := sqlfuncs.Acquire(t.Context(), db.Pool, "r", "h", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	code, _, errOut := run(t, "migrate", "down", "-y", url)
+	require.Equal(t, cli.ExitError, code)
+	require.Contains(t, errOut, "--allow-downgrade")
+	require.Contains(t, errOut, "nothing was changed")
+	code, out, errOut := run(t, "migrate", "version", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out, "not dirty")
+
+	code, out, errOut = run(t, "migrate", "down", "-y", "--allow-downgrade", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 0, clean\n", out)
 }

@@ -26,7 +26,7 @@ type migrateJSON struct {
 }
 
 func newMigrateCmd(g *globals) *cobra.Command {
-	var yes bool
+	var yes, allowDowngrade bool
 	cmd := &cobra.Command{
 		Use:   "migrate up | down [N] | goto V | version | force V",
 		Short: "Apply or inspect the kit's migrations (table fence_schema_migrations)",
@@ -40,7 +40,9 @@ fence.version(). Every action that changes something first checks what
 stands in its way (privileges, a dirty version, protected tables) and
 changes nothing when something does, with the fix. down, and goto to a lower
 version, ask for confirmation (y/N) unless --yes; without a terminal they
-need --yes.`,
+need --yes. Going below version 3 while fence.lease has rows (the latest
+token of every resource) is refused unless --allow-downgrade: a further step
+to 0 would forget those tokens, and they could be granted again.`,
 		Example: `  pgfence migrate up          # install or upgrade schema fence
   pgfence migrate version     # print the installed version
   pgfence migrate down        # remove schema fence (refused while tables are protected)
@@ -86,7 +88,7 @@ need --yes.`,
 				return err
 			}
 			if args[0] != "version" {
-				if err := g.migrate(ctx, pool, k, args[0], n, yes); err != nil {
+				if err := g.migrate(ctx, pool, k, args[0], n, yes, allowDowngrade); err != nil {
 					return err
 				}
 				if k, err = readKit(ctx, pool); err != nil {
@@ -97,12 +99,13 @@ need --yes.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask before migrating down")
+	cmd.Flags().BoolVar(&allowDowngrade, "allow-downgrade", false, "migrate below version 3 although leases exist (sets fence.allow_downgrade for the migration)")
 	return cmd
 }
 
 // migrate runs one changing action after checking, with the catalogs alone,
 // that nothing stands in its way.
-func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, action string, n int, yes bool) error {
+func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, action string, n int, yes, allowDowngrade bool) error {
 	if !k.VersionKnown {
 		return notReadable(k)
 	}
@@ -150,6 +153,23 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 				return fmt.Errorf("cannot remove schema fence while tables are protected (%s): run pgfence unprotect TABLE for each, as its owner, then migrate down again; nothing was changed", tables)
 			}
 		}
+		if target < 3 && int(k.Version) >= 3 && k.Installed {
+			leases, err := hasLeases(ctx, pool)
+			if err != nil {
+				return fmt.Errorf("reading fence.lease: %w", err)
+			}
+			if leases && !allowDowngrade {
+				return fmt.Errorf("refusing to migrate below version 3 while leases exist: fence.lease keeps every resource's latest token, and migrating on to 0 would forget them so that tokens could be granted again; pass --allow-downgrade to go on anyway; nothing was changed")
+			}
+			if leases {
+				p, err := withSetting(ctx, pool, "fence.allow_downgrade", "on")
+				if err != nil {
+					return err
+				}
+				defer closePool(p)
+				pool = p
+			}
+		}
 		if err := g.confirm(fmt.Sprintf("migrate schema fence down from version %d to %d%s?", k.Version, target,
 			map[bool]string{true: " (removes the kit: every lease and token)"}[target == 0]), yes); err != nil {
 			return err
@@ -164,6 +184,15 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 		}
 	}
 	return gofence.MigrateTo(ctx, pool, uint(target))
+}
+
+// withSetting opens a second pool like pool whose sessions start with the
+// setting name = value (-c in the options connection parameter, as libpq's
+// PGOPTIONS).
+func withSetting(ctx context.Context, pool *pgxpool.Pool, name, value string) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	cfg.ConnConfig.RuntimeParams["options"] = strings.TrimSpace(cfg.ConnConfig.RuntimeParams["options"] + " -c " + name + "=" + value)
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // confirm asks question on stderr and reads y/N from stdin; without a
