@@ -32,7 +32,7 @@ const (
 		has_function_privilege('fence.revoke(text)', 'EXECUTE')`
 	doctorSettingsSQL = `SELECT current_setting('synchronous_commit'),
 		current_setting('idle_in_transaction_session_timeout'),
-		(SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'async'),
+		(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS DISTINCT FROM 'sync' AND sync_state IS DISTINCT FROM 'quorum'),
 		(SELECT count(*) FROM pg_stat_replication)`
 )
 
@@ -133,6 +133,7 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		add("migrations", "fail", err.Error(), "")
 	} else {
 		doctorKit(ctx, pool, k, add)
+		doctorGuards(ctx, pool, k, add)
 	}
 
 	var syncCommit, idleTimeout string
@@ -149,13 +150,14 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 	}
 	switch {
 	case asyncStandbys > 0:
-		add("standbys", "warn", fmt.Sprintf("%d asynchronous standby(s) of %d", asyncStandbys, standbys),
-			"tokens stay monotonic across a promotion (the epoch follows the WAL timeline), but writes acknowledged here and not yet replicated are lost at failover; use synchronous_standby_names for zero loss")
+		add("standbys", "warn", fmt.Sprintf("%d of %d standby(s) asynchronous, or of a state this role cannot read (pg_read_all_stats)", asyncStandbys, standbys),
+			"tokens stay monotonic across the promotion of one standby (the epoch follows the WAL timeline; see the promotion check for two), but writes acknowledged here and not yet replicated are lost at failover; use synchronous_standby_names for zero loss")
 	case standbys > 0:
 		add("standbys", "ok", fmt.Sprintf("%d synchronous standby(s)", standbys), "")
 	default:
 		add("standbys", "ok", "none seen from this role (pg_stat_replication)", "")
 	}
+	doctorPromotion(ctx, pool, add)
 	if idleTimeout == "0" {
 		add("idle_in_transaction_session_timeout", "warn", "0 (disabled)",
 			"a paused holder with an open guarded transaction makes grants wait (fence.grant_wait) and report busy until it ends; set it, e.g. ALTER DATABASE ... SET idle_in_transaction_session_timeout = '1min'")

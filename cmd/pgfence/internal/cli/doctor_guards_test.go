@@ -1,0 +1,86 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// doctorList runs doctor --json and returns the findings of one check.
+func doctorList(t *testing.T, url, check string) []finding {
+	t.Helper()
+	_, out, errOut := run(t, "doctor", "--json", "--database-url", url)
+	var fs []finding
+	require.NoError(t, json.Unmarshal([]byte(out), &fs), "stdout %q stderr %q", out, errOut)
+	var got []finding
+	for _, f := range fs {
+		if f.Check == check {
+			got = append(got, f)
+		}
+	}
+	return got
+}
+
+// TestDoctorReportsWhatGetsAroundTheGuards: roles other than the owner with
+// TRIGGER on a protected table, a table still on migration 2's guard, and a
+// disabled guard trigger are each reported with the fix; a clean table is ok.
+func TestDoctorReportsWhatGetsAroundTheGuards(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	ctx := t.Context()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	for _, tbl := range []string{"clean", "granted", "legacy", "off"} {
+		exec(`CREATE TABLE ` + tbl + ` (id int, tok bigint)`)
+		require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, tbl, "r", "tok"))
+	}
+	etl := pgtest.NewRole(t, "etl")
+	exec(`GRANT ALL ON granted TO ` + pgx.Identifier{etl}.Sanitize())
+	// migration 2's trigger, as a table keeps it when migration 3 could not
+	// re-create its guards
+	exec(`SELECT fence.unprotect('legacy')`)
+	exec(`CREATE TRIGGER zz_fence_guard_row AFTER INSERT OR UPDATE OR DELETE ON legacy FOR EACH ROW EXECUTE FUNCTION fence._guard_row('r', 'tok')`)
+	exec(`ALTER TABLE off DISABLE TRIGGER "~fence_guard_1_row"`)
+
+	fs := doctorList(t, db.URL, "protected tables")
+	var text []string
+	for _, f := range fs {
+		text = append(text, f.Status+" "+f.Detail+" | "+f.Fix)
+	}
+	all := strings.Join(text, "\n")
+	require.Contains(t, all, "warn roles other than the owner can create triggers on granted: "+etl)
+	require.Contains(t, all, "REVOKE TRIGGER ON granted FROM "+etl)
+	require.Contains(t, all, "warn legacy keeps the guard of migration 2")
+	require.Contains(t, all, "SELECT fence.protect('legacy', 'r', 'tok')")
+	require.Contains(t, all, "fail a guard trigger of off is disabled")
+	require.Contains(t, all, "ok 1 of 4 with the current guard")
+}
+
+// TestDoctorWarnsOfTwoPromotionsWithoutAnArchive: a primary with a standby
+// and no WAL archive is the setup in which two standbys promoted one after
+// the other take the same timeline (integration/split_promotion_test.go
+// shows the duplicate tokens); doctor says so on the primary, and not on a
+// server without standbys.
+func TestDoctorWarnsOfTwoPromotionsWithoutAnArchive(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	fs := doctorList(t, primary.URL(), "promotion")
+	require.Len(t, fs, 1)
+	require.Equal(t, "ok", fs[0].Status, fs[0].Detail)
+	standby := primary.NewStandby(t)
+	primary.WaitCaughtUp(t, standby)
+	fs = doctorList(t, primary.URL(), "promotion")
+	require.Len(t, fs, 1)
+	require.Equal(t, "warn", fs[0].Status)
+	require.Contains(t, fs[0].Detail, "no WAL archive and 1 standby(s) connected")
+	require.Contains(t, fs[0].Fix, "archive WAL")
+}
