@@ -62,6 +62,7 @@ machine's clock and the server's. Exit code 1 when a check fails.`,
 			} else {
 				defer pool.Close()
 				doctorChecks(ctx, pool, add)
+				doctorPlatformChecks(ctx, pool, add) // doctor_platform.go
 			}
 			failed := false
 			for _, f := range fs {
