@@ -12,8 +12,8 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// TestEveryCommandThroughPgBouncer runs every command that talks to the
-// database through PgBouncer in transaction mode, with a plain URL, several
+// TestEveryCommandThroughPgBouncer runs every command that talks to a
+// fence database through PgBouncer in transaction mode, with a plain URL, several
 // times in a row: each command is a new client that PgBouncer hands the
 // server connections other clients used before, so a command that leaves a
 // named prepared statement behind breaks the next one (SQLSTATE 42P05).
@@ -56,4 +56,27 @@ func TestEveryCommandThroughPgBouncer(t *testing.T) {
 		ok("acquire", res+"-wait", "--wait", "--timeout", "10s", "--ttl", "1s")
 		ok("doctor")
 	}
+}
+
+// TestDemoThroughPgBouncer: demo creates, uses and drops its own database
+// through the pooler.
+func TestDemoThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.AdminURL(t)
+	pb := pgtest.NewPgBouncer(t, admin)
+	code, out, errOut := run(t, "demo", "--database-url", pb.URL(admin), "--ttl", "300ms")
+	require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)
+	require.Contains(t, out, "REFUSED by the database")
+}
+
+// TestBenchSmokeThroughPgBouncer: the bench runs its pools through the
+// pooler with the CLI's connection settings (named like the other bench
+// smoke tests, which CI leaves out where the bench hangs).
+func TestBenchSmokeThroughPgBouncer(t *testing.T) {
+	admin := pgtest.AdminURL(t)
+	pb := pgtest.NewPgBouncer(t, admin)
+	code, out, errOut := run(t, append([]string{"bench", "--database-url", pb.URL(admin), "--scenario", "grant"}, smokeArgs...)...)
+	require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)
+	require.Contains(t, out, "scenario errors: 0")
+	requireNoBenchDatabases(t)
 }
