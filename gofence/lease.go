@@ -81,7 +81,8 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*L
 // session ends (pg_terminate_backend, for example), a session lease can be
 // granted to someone else shortly before this process notices (within
 // RenewInterval, when the connection is checked): the fencing token still
-// protects every guarded write.
+// protects every guarded write. Behind a connection pooler it refuses
+// with ErrPooledSession (see README, "Behind a connection pooler").
 func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, error) {
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
@@ -98,6 +99,10 @@ func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, e
 			return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
 		}
 		return nil, c.heldError(ctx, resource)
+	}
+	if err := c.refusePooledSession(ctx, conn, resource, tok); err != nil {
+		closeConn(conn)
+		return nil, err
 	}
 	l := c.newLease(resource, tok, conn)
 	go l.keepalive(time.Now())

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,7 +10,8 @@ import (
 )
 
 // TestDumpRestoreIntoFreshCluster: the fence database of cluster A is dumped
-// (pg_dump -Fc), A grants more (those grants are lost), and the dump is
+// (pg_dump -Fc, or through the server where no pg_dump of the server's
+// version exists: see dumpFence), A grants more (those grants are lost), and the dump is
 // restored into a fresh cluster B (new system identifier, timeline 1 again).
 // Grants on B exceed every token of the dump and every token A granted after
 // the dump.
@@ -36,8 +36,7 @@ func TestDumpRestoreIntoFreshCluster(t *testing.T) {
 	dumped := granted.clone()
 	sysidA := systemIdentifier(t, ctx, ac)
 
-	dump := filepath.Join(t.TempDir(), "fence.dump")
-	pgTool(t, ctx, ac, "pg_dump", "-Fc", "-f", dump, "-d", a.URL())
+	dump := dumpFence(t, ctx, ac, a.URL())
 
 	// Grants after the dump: a restore of the dump loses them.
 	for _, res := range everything {
@@ -53,8 +52,8 @@ func TestDumpRestoreIntoFreshCluster(t *testing.T) {
 	sysidB := systemIdentifier(t, ctx, bc)
 	require.NotEqual(t, sysidA, sysidB)
 
-	t.Run("pg_restore of the fence schema succeeds", func(t *testing.T) {
-		out := pgTool(t, ctx, bc, "pg_restore", "--exit-on-error", "-d", b.URL(), dump)
+	t.Run("restore of the fence database succeeds", func(t *testing.T) {
+		out := restoreFence(t, ctx, dump, b.URL())
 		if out != "" {
 			t.Logf("pg_restore output:\n%s", out)
 		}
@@ -113,15 +112,14 @@ func TestDumpRestoreIntoSameCluster(t *testing.T) {
 	const res = "same/x"
 	granted := newLedger()
 	granted.add(res, mustRevoke(t, ctx, conn, res))
-	dump := filepath.Join(t.TempDir(), "fence.dump")
-	pgTool(t, ctx, conn, "pg_dump", "-Fc", "-f", dump, "-d", c.URL())
+	dump := dumpFence(t, ctx, conn, c.URL())
 	granted.add(res, mustRevoke(t, ctx, conn, res)) // lost by the restore
 	granted.add(res, mustRevoke(t, ctx, conn, res)) // lost by the restore
 
 	_, err := conn.Exec(ctx, "CREATE DATABASE fence_restored")
 	require.NoError(t, err)
 	url := pgtest.URLFor(c.URL(), "fence_restored")
-	pgTool(t, ctx, conn, "pg_restore", "--exit-on-error", "-d", url, dump)
+	restoreFence(t, ctx, dump, url)
 	rc := connect(t, ctx, url, false)
 
 	tok, err := sqlfuncs.Revoke(ctx, rc, res)

@@ -91,6 +91,7 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 		t.Fatalf("pgtest: connect to new cluster: %v", err)
 	}
 	defer admin.Close(context.Background())
+	t.Logf("pgtest: private cluster: PostgreSQL %s from %s", admin.PgConn().ParameterStatus("server_version"), bins.Dir)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident(ClusterDB)); err != nil {
 		t.Fatalf("pgtest: create database %s: %v", ClusterDB, err)
 	}
@@ -178,7 +179,10 @@ func (c *Cluster) Restart(t testing.TB, mode string) {
 	c.Start(t)
 }
 
-// NewStandby clones the cluster with pg_basebackup (-R -X stream) into a new
+// NewStandby clones the cluster with pg_basebackup (-R -X stream), or, when
+// the server's bin directory has none (the server-only binaries of the
+// version matrix), with a copy of the data directory taken between
+// pg_backup_start and pg_backup_stop, into a new
 // asynchronous streaming standby on another free port, starts it, and waits
 // until it is in recovery and accepts read-only connections. It is stopped
 // and removed when the test ends, like its primary.
@@ -193,11 +197,20 @@ func (c *Cluster) NewStandby(t testing.TB) *Cluster {
 	s := &Cluster{inst: inst}
 	s.registerCleanup(t)
 
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s",
-		c.inst.Port, filepath.Base(inst.Base))
-	if _, err := inst.Run(ctx, "pg_basebackup", "-D", inst.Data, "-R", "-X", "stream",
-		"-c", "fast", "-w", "-d", conninfo); err != nil {
-		t.Fatalf("pgtest: new standby: %v", err)
+	appName := filepath.Base(inst.Base)
+	if _, err := os.Stat(inst.Bins.Path("pg_basebackup")); err == nil {
+		conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", c.inst.Port, appName)
+		if _, err := inst.Run(ctx, "pg_basebackup", "-D", inst.Data, "-R", "-X", "stream",
+			"-c", "fast", "-w", "-d", conninfo); err != nil {
+			t.Fatalf("pgtest: new standby: %v", err)
+		}
+	} else {
+		// Server-only binaries (the version matrix): the same base backup
+		// by hand, through the server's backup functions.
+		t.Logf("pgtest: no pg_basebackup in %s: standby built from a copy of the data directory taken between pg_backup_start and pg_backup_stop", inst.Bins.Dir)
+		if err := copyBaseBackup(ctx, c.inst, inst, appName); err != nil {
+			t.Fatalf("pgtest: new standby (copied base backup): %v", err)
+		}
 	}
 	if err := inst.AppendConf([]string{"unix_socket_directories = " + pgcluster.QuoteConf(inst.Base)}); err != nil {
 		t.Fatalf("pgtest: new standby: %v", err)

@@ -19,6 +19,7 @@ import (
 // server is the shared PostgreSQL server of the test binary.
 type server struct {
 	source   string        // where it came from, for the log line
+	version  string        // server_version, printed once so a log says what was tested
 	adminURL string        // superuser URL to the postgres database
 	admin    *pgxpool.Pool // pool on adminURL, for CREATE/DROP DATABASE and roles
 	stop     func()        // shuts down what the harness started; nil when nothing
@@ -45,7 +46,7 @@ func getServer() (*server, error) {
 		srv, err := findServer()
 		serverVal, serverErr = srv, err
 		if err == nil {
-			fmt.Fprintf(os.Stderr, "pgtest: using %s %s\n", srv.source, redact(srv.adminURL))
+			fmt.Fprintf(os.Stderr, "pgtest: using %s %s (PostgreSQL %s)\n", srv.source, redact(srv.adminURL), srv.version)
 		}
 	})
 	return serverVal, serverErr
@@ -143,7 +144,12 @@ func openServer(source, adminURL string, stop func()) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin pool: %w", err)
 	}
-	return &server{source: source, adminURL: adminURL, admin: pool, stop: stop}, nil
+	var version string
+	if err := pool.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("server version: %w", err)
+	}
+	return &server{source: source, version: version, adminURL: adminURL, admin: pool, stop: stop}, nil
 }
 
 // startLocalServer initialises and starts the shared throwaway cluster. It

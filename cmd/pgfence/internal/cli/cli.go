@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -277,6 +278,15 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		return nil, fmt.Errorf("bad connection string: %w", err)
+	}
+	// A short-lived CLI gains nothing from pgx's statement cache, and named
+	// prepared statements break behind a transaction-mode pooler (PgBouncer:
+	// "prepared statement stmtcache_... already exists", 42P05, on the next
+	// command): exec mode sends each statement unnamed, in one round trip,
+	// with parameters bound by the server. A default_query_exec_mode in the
+	// URL still wins. Its cost is in docs/platforms.md.
+	if !strings.Contains(connString, "default_query_exec_mode") {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -64,6 +64,7 @@ table), so it is safe to run as any role, before or after installing.`,
 			} else {
 				defer closePool(pool)
 				doctorChecks(ctx, pool, add)
+				doctorPlatformChecks(ctx, pool, add) // doctor_platform.go
 			}
 			failed := false
 			for _, f := range fs {

@@ -1,0 +1,154 @@
+package gofence_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// pooledPool opens a pool on the bundle's database through PgBouncer in
+// transaction mode, with the given pgx query execution mode.
+func pooledPool(t *testing.T, b *bundle, pb *pgtest.PgBouncer, mode string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(b.ctx, pb.URL(b.db.URL)+"&default_query_exec_mode="+mode)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestThroughPgBouncer: TTL leases, Lease.Tx, Do and Lock work through
+// PgBouncer in transaction mode with a pool in a query execution mode that
+// sends no named prepared statements; session leases refuse.
+func TestThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pb := pgtest.NewPgBouncer(t, b.db.URL)
+
+	for _, mode := range []string{"exec", "simple_protocol", "cache_describe"} {
+		t.Run("TTL leases, Tx and Do with "+mode, func(t *testing.T) {
+			pool := pooledPool(t, b, pb, mode)
+			c := b.client(t, pool, gofence.Config{TTL: time.Minute, PollInterval: 50 * time.Millisecond})
+			ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+			defer cancel()
+			var last int64
+			for range 5 { // more rounds than PgBouncer has server connections
+				l, err := c.Acquire(ctx, "job")
+				require.NoError(t, err)
+				require.Greater(t, l.Token(), last)
+				last = l.Token()
+				require.NoError(t, l.Renew(ctx))
+				require.NoError(t, l.Tx(ctx, pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO work (who, token) VALUES ($1, $2)`, mode, l.Token())
+					return err
+				}))
+				require.NoError(t, l.Release(ctx))
+				err = c.Do(ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
+					last = l.Token()
+					return l.Tx(ctx, pool, func(tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, `UPDATE work SET who = who || '+do', token = $1 WHERE who = $2`, l.Token(), mode)
+						return err
+					})
+				})
+				require.NoError(t, err)
+			}
+
+			// A write under a token that is no longer the latest is refused,
+			// through the pooler as directly.
+			old, err := c.Acquire(ctx, "job")
+			require.NoError(t, err)
+			_, err = sqlfuncs.Revoke(ctx, b.db.Pool, "job")
+			require.NoError(t, err)
+			err = old.Tx(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO work (who, token) VALUES ('stale', $1)`, old.Token())
+				return err
+			})
+			require.ErrorIs(t, err, gofence.ErrStaleToken)
+			_ = old.Release(ctx)
+		})
+	}
+
+	t.Run("Lock gets the lease by polling when LISTEN is useless", func(t *testing.T) {
+		pool := pooledPool(t, b, pb, "exec")
+		c := b.client(t, pool, gofence.Config{TTL: time.Minute, PollInterval: 50 * time.Millisecond})
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second) // a waiter that is never granted fails here
+		defer cancel()
+		for range 3 {
+			holder, err := c.Acquire(ctx, "lock")
+			require.NoError(t, err)
+			got := make(chan *gofence.Lease, 1)
+			errs := make(chan error, 1)
+			go func() {
+				l, err := c.Lock(ctx, "lock")
+				if err != nil {
+					errs <- err
+					return
+				}
+				got <- l
+			}()
+			// Release once the waiter is waiting (it set the lease's waiters
+			// flag), so that the release sends a NOTIFY that the pooler may
+			// deliver to nobody.
+			require.NoError(t, waitFor(ctx, func() (bool, error) {
+				var waiting bool
+				err := b.db.Pool.QueryRow(ctx, `SELECT waiters FROM fence.lease WHERE resource = 'lock'`).Scan(&waiting)
+				return waiting, err
+			}))
+			require.NoError(t, holder.Release(ctx))
+			select {
+			case l := <-got:
+				require.Greater(t, l.Token(), holder.Token())
+				require.NoError(t, l.Release(ctx))
+			case err := <-errs:
+				t.Fatalf("Lock through PgBouncer: %v", err)
+			}
+		}
+	})
+
+	t.Run("AcquireSession refuses", func(t *testing.T) {
+		pool := pooledPool(t, b, pb, "exec")
+		c := b.client(t, pool, gofence.Config{})
+		_, err := c.AcquireSession(b.ctx, "session")
+		require.ErrorIs(t, err, gofence.ErrPooledSession)
+		require.Contains(t, err.Error(), "use Acquire, Lock or Do")
+		row, ok, err := sqlfuncs.GetLease(b.ctx, b.db.Pool, "session")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.False(t, row.Live, "the refused session lease was released")
+		l, err := c.Acquire(b.ctx, "session")
+		require.NoError(t, err, "a TTL lease of the same resource is granted next")
+		require.NoError(t, l.Release(b.ctx))
+	})
+
+	t.Run("AcquireSession on a direct connection is not refused", func(t *testing.T) {
+		c := b.client(t, nil, gofence.Config{})
+		l, err := c.AcquireSession(b.ctx, "session-direct")
+		require.NoError(t, err)
+		require.NoError(t, l.Release(b.ctx))
+	})
+}
+
+// waitFor polls cond until it is true or ctx ends.
+func waitFor(ctx context.Context, cond func() (bool, error)) error {
+	for {
+		ok, err := cond()
+		if err == nil && ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+			}
+			return err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
