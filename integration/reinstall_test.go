@@ -1,6 +1,9 @@
 package integration
 
 import (
+	"bytes"
+	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -145,9 +148,7 @@ func TestDataOnlyRestoreNeverRegrantsTokens(t *testing.T) {
 		granted.add(other, mustRevoke(t, ctx, src, other))
 	}
 
-	dump := filepath.Join(t.TempDir(), "data.dump")
-	pgTool(t, ctx, src, "pg_dump", "-Fc", "--data-only", "--exclude-table-data=public.fence_schema_migrations",
-		"-f", dump, "-d", c.URL())
+	dump := dataOnlyDump(t, ctx, src, c.URL())
 
 	// Grants after the dump: the restored copy does not know them.
 	for i := range 2 {
@@ -168,10 +169,7 @@ func TestDataOnlyRestoreNeverRegrantsTokens(t *testing.T) {
 	dst := connect(t, ctx, url, false)
 	_, err = dst.Exec(ctx, jobsDDL)
 	require.NoError(t, err)
-	out := pgTool(t, ctx, dst, "pg_restore", "--exit-on-error", "-d", url, dump)
-	if out != "" {
-		t.Logf("pg_restore output:\n%s", out)
-	}
+	dump.restore(t, ctx, dst, url)
 	dst = connect(t, ctx, url, false) // a fresh session, as after any restore
 	require.Equal(t, int64(2), queryInt(t, ctx, dst, `SELECT count(*) FROM jobs`), "the rows of the dump")
 	require.NoError(t, sqlfuncs.Protect(ctx, dst, "jobs", res, "tok"))
@@ -192,4 +190,65 @@ func TestDataOnlyRestoreNeverRegrantsTokens(t *testing.T) {
 	require.Equal(t, int64(2), tag.RowsAffected())
 	_, err = dst.Exec(ctx, `INSERT INTO jobs VALUES (20, 'stale', $1)`, granted.max(res))
 	requireSQLState(t, err, "FN001", "a token the source granted after the dump")
+}
+
+// dataOnly is a data-only dump of a database: a pg_dump -Fc --data-only
+// archive (the migrations table's data excluded), or, where this machine has
+// no pg_dump of at least the server's major version (the version matrix runs
+// server-only binaries), the same data taken through the server: the COPY
+// text of schema fence's tables and of public.jobs, and the token counter's
+// state (what pg_dump writes as setval).
+type dataOnly struct {
+	file, toolDir string
+	tables        map[string][]byte // qualified table -> COPY text
+	counter       int64
+	called        bool
+}
+
+func dataOnlyDump(t *testing.T, ctx context.Context, conn *pgx.Conn, url string) dataOnly {
+	t.Helper()
+	if dir, ok := clientToolDir(t, ctx, conn); ok {
+		file := filepath.Join(t.TempDir(), "data.dump")
+		runTool(t, ctx, dir, "pg_dump", "-Fc", "--data-only", "--exclude-table-data=public.fence_schema_migrations", "-f", file, "-d", url)
+		return dataOnly{file: file, toolDir: dir}
+	}
+	t.Logf("NOTE: no pg_dump >= PostgreSQL %d on this machine: data-only dump through the server instead (COPY of schema fence's tables and of jobs, the token counter's setval)", serverMajor(t, ctx, conn))
+	d := dataOnly{tables: map[string][]byte{}}
+	names := []string{"public.jobs"}
+	for _, tbl := range fenceTables(t, ctx, conn) {
+		names = append(names, "fence."+pgx.Identifier{tbl}.Sanitize())
+	}
+	for _, name := range names {
+		var buf bytes.Buffer
+		_, err := conn.PgConn().CopyTo(ctx, &buf, "COPY "+name+" TO STDOUT")
+		require.NoError(t, err, name)
+		d.tables[name] = buf.Bytes()
+	}
+	require.NoError(t, conn.QueryRow(ctx, `SELECT last_value, is_called FROM fence.token_counter`).Scan(&d.counter, &d.called))
+	return d
+}
+
+// restore loads d into the database at url, whose schema exists (the kit's
+// migrations, and public.jobs): pg_restore --exit-on-error, or the COPY text
+// and setval with triggers off (as pg_restore --disable-triggers).
+func (d dataOnly) restore(t *testing.T, ctx context.Context, conn *pgx.Conn, url string) {
+	t.Helper()
+	if d.file != "" {
+		if out := runTool(t, ctx, d.toolDir, "pg_restore", "--exit-on-error", "-d", url, d.file); out != "" {
+			t.Logf("pg_restore output:\n%s", out)
+		}
+		return
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+			return err
+		}
+		for name, data := range d.tables {
+			if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), "COPY "+name+" FROM STDIN"); err != nil {
+				return fmt.Errorf("COPY %s FROM STDIN: %w", name, err)
+			}
+		}
+		_, err := tx.Exec(ctx, `SELECT setval('fence.token_counter', $1, $2)`, d.counter, d.called)
+		return err
+	}))
 }
