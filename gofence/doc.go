@@ -94,4 +94,14 @@
 // this package agree on the version and can be mixed. A Client checks once
 // that the schema is installed at the version it needs and returns
 // ErrNotInstalled otherwise.
+//
+// golang-migrate runs its statements without a context and keeps a
+// connection when it fails to open, so the migration functions give it
+// connections through a connector of their own: taken from the pool under
+// the caller's context, their sockets closed when that context ends, and
+// whatever golang-migrate still holds at the end closed and returned. Every
+// call is bounded by its context and leaves the pool as it found it.
+// MigrationVersion reads golang-migrate's record in a READ ONLY transaction
+// (so reading never creates the version table) and falls back to
+// fence.version() when the role cannot see the table.
 package gofence
