@@ -77,7 +77,10 @@
 // fence.use_token in the same round trip, so every statement of the
 // function on a protected table is fenced, whether the table carries its
 // token in a column or not. Errors keep the *pgconn.PgError reachable with
-// errors.As.
+// errors.As. The transaction is rolled back in a defer with a context that
+// is not cancelled, so neither a cancelled caller nor a panic in the function
+// leaves it open (an open guarded transaction holds the resource's gate, and
+// the next grant would wait for it).
 //
 // # Leader election
 //

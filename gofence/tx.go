@@ -16,7 +16,8 @@ import (
 // token is already registered with fence.use_token: BEGIN and use_token go
 // to the server in one round trip, so every statement of fn on a protected
 // table (with or without a token column) is fenced. The transaction commits
-// when fn returns nil and rolls back otherwise.
+// when fn returns nil and rolls back otherwise, also when fn panics (the
+// panic then goes on, with the connection outside any transaction).
 //
 // Tx does not refuse on its own once the lease is lost: the database is the
 // judge. While no newer token exists the writes are safe and succeed; once
@@ -42,13 +43,18 @@ func (l *Lease) TxConn(ctx context.Context, conn *pgx.Conn, fn func(pgx.Tx) erro
 	return l.runTx(ctx, conn, pgx.TxOptions{}, fn)
 }
 
+// runTx runs fn in a transaction under the token. The deferred rollback
+// covers every way out of fn, a panic included (as pgx's BeginFunc does): a
+// transaction left open would keep the resource's gate, so that no newer
+// grant (fence.revoke, the next holder) could happen until the connection
+// closed. After a commit the rollback does nothing.
 func (l *Lease) runTx(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
 	tx, err := sqlfuncs.BeginWithToken(ctx, conn, opts, l.resource, l.token)
 	if err != nil {
 		return l.txError(err)
 	}
+	defer rollback(ctx, tx)
 	if err := fn(tx); err != nil {
-		rollback(ctx, tx)
 		return l.txError(sqlfuncs.Translate(err))
 	}
 	return l.txError(sqlfuncs.Translate(tx.Commit(ctx)))
