@@ -394,8 +394,13 @@ func TestMigrationCallsAsLimitedRolesHandEveryConnectionBack(t *testing.T) {
 		defer cancel()
 		owner := pgtest.NewRole(t, "owner")
 		db := pgtest.Empty(t)
-		_, err := db.Pool.Exec(ctx, `GRANT CREATE ON DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` TO `+pgx.Identifier{owner}.Sanitize())
-		require.NoError(t, err)
+		for _, sql := range []string{
+			`GRANT CREATE ON DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` TO ` + pgx.Identifier{owner}.Sanitize(),
+			`REVOKE CREATE ON SCHEMA public FROM PUBLIC`, // the default before PostgreSQL 15
+		} {
+			_, err := db.Pool.Exec(ctx, sql)
+			require.NoError(t, err)
+		}
 		pool := limitedPool(t, db, owner)
 
 		for range 4 {
