@@ -80,7 +80,10 @@
 // errors.As. The transaction is rolled back in a defer with a context that
 // is not cancelled, so neither a cancelled caller nor a panic in the function
 // leaves it open (an open guarded transaction holds the resource's gate, and
-// the next grant would wait for it).
+// the next grant would wait for it). Lease.UseToken does the same for a
+// transaction the caller already has (a job queue's pgx.Tx), taking the
+// small interface DB (Exec and QueryRow) that pgx types and their wrappers
+// satisfy.
 //
 // # Leader election
 //

@@ -60,6 +60,41 @@ func (l *Lease) runTx(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, f
 	return l.txError(sqlfuncs.Translate(tx.Commit(ctx)))
 }
 
+// DB is the small interface of pgx that UseToken needs: pgx.Tx (and so
+// *pgxpool.Tx), *pgx.Conn and *pgxpool.Conn satisfy it, as do the wrappers
+// that job queues and other libraries hand their callbacks.
+type DB = sqlfuncs.DB
+
+// UseToken fences a transaction the caller already has (a job queue's
+// transaction, one begun by another library): it registers the lease's
+// token in tx with fence.use_token, so every later statement of tx on a
+// protected table is fenced, with or without a token column, and the
+// transaction holds the resource's gate until it ends (no newer grant can
+// happen before it commits or rolls back). Call it inside the transaction,
+// before the writes; the caller commits or rolls back as usual.
+//
+// tx must be inside a transaction: outside one the token would be forgotten
+// as soon as the statement ended, so a *pgxpool.Pool, or a *pgx.Conn or
+// *pgxpool.Conn outside a transaction, is refused with an error. Errors
+// match ErrStaleToken and ErrUnknownToken like those of Tx (and ErrLost
+// when the lease was lost by then); the transaction is then aborted, and
+// the caller's rollback ends it.
+func (l *Lease) UseToken(ctx context.Context, tx DB) error {
+	var status byte = 'T'
+	switch db := tx.(type) {
+	case *pgxpool.Pool:
+		status = 'I' // each statement may run on another connection
+	case *pgx.Conn:
+		status = db.PgConn().TxStatus()
+	case *pgxpool.Conn:
+		status = db.Conn().PgConn().TxStatus()
+	}
+	if status == 'I' {
+		return fmt.Errorf("pgfence: UseToken for %s needs a transaction (a pgx.Tx): outside one the token is forgotten when the statement ends", l.resource)
+	}
+	return l.txError(sqlfuncs.UseToken(ctx, tx, l.resource, l.token))
+}
+
 // merge derives a context that ends with ctx or with the lease.
 func (l *Lease) merge(ctx context.Context) (context.Context, func()) {
 	mctx, cancel := context.WithCancelCause(ctx)

@@ -78,3 +78,51 @@ func TestTxRollsBackWhenFnPanics(t *testing.T) {
 			"the connection went back to the pool clean (a connection handed back inside a transaction is closed)")
 	})
 }
+
+// UseToken fences a transaction that the caller began itself: writes without
+// a token column go through, the gate is held until the transaction ends,
+// a stale token is refused, and a call outside a transaction is refused.
+func TestUseTokenFencesTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{})
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE journal (line text)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "journal", "job", ""))
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+
+	t.Run("in a pgx.Tx of the pool", func(t *testing.T) {
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(b.ctx)
+		require.NoError(t, l.UseToken(b.ctx, tx))
+		_, err = tx.Exec(b.ctx, `INSERT INTO journal VALUES ('fenced')`)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(b.ctx))
+	})
+
+	t.Run("outside a transaction it refuses", func(t *testing.T) {
+		require.Error(t, l.UseToken(b.ctx, b.db.Pool))
+		conn := b.db.Conn(t)
+		require.Error(t, l.UseToken(b.ctx, conn))
+		pc, err := b.db.Pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		defer pc.Release()
+		require.Error(t, l.UseToken(b.ctx, pc))
+	})
+
+	t.Run("a stale token is refused", func(t *testing.T) {
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(b.ctx)
+		_, err = sqlfuncs.Revoke(b.ctx, b.db.Pool, "job")
+		require.NoError(t, err)
+		err = l.UseToken(b.ctx, tx)
+		require.ErrorIs(t, err, gofence.ErrStaleToken)
+	})
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM journal`).Scan(&n))
+	require.Equal(t, 1, n)
+}
