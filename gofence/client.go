@@ -55,8 +55,11 @@ type Config struct {
 	// DisableNotify turns off LISTEN/NOTIFY: Lock then relies on polling only.
 	DisableNotify bool
 
-	// Logger receives transient errors and lease losses. Default
-	// slog.Default().
+	// Logger receives what the package notices on its own, in the
+	// background: a lease lost (WARN), a renewal retried or the notification
+	// listener reconnecting (INFO), a lease acquired (DEBUG). Default: none;
+	// a library stays quiet unless asked, and every such event also reaches
+	// the caller (Lease.Done and Lease.Err, errors of the calls).
 	Logger *slog.Logger
 }
 
@@ -92,7 +95,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	c.SafetyMargin = cmp.Or(c.SafetyMargin, c.TTL/10)
 	c.RetryInterval = cmp.Or(c.RetryInterval, min(time.Second, c.RenewInterval/4))
 	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
-	c.Logger = cmp.Or(c.Logger, slog.Default())
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	switch {
 	case len(c.Holder) > 255:
 		return nil, fmt.Errorf("pgfence: Config.Holder is %d bytes; the limit is 255 characters", len(c.Holder))

@@ -89,6 +89,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, 3*time.Second, cfg.SafetyMargin)
 	require.Equal(t, time.Second, cfg.RetryInterval)
 	require.Equal(t, time.Second, cfg.PollInterval)
+	require.Equal(t, slog.DiscardHandler, cfg.Logger.Handler(), "quiet unless given a logger (not slog.Default)")
 	require.Regexp(t, `^.+/\d+/[0-9a-f]{8}$`, c.Holder())
 	other, err := gofence.New(pool, nil)
 	require.NoError(t, err)
