@@ -72,9 +72,10 @@ type Client struct {
 
 	installed atomic.Bool
 
-	mu     sync.Mutex // guards closed and notify
+	mu     sync.Mutex // guards closed, notify and leases
 	closed bool
 	notify *notifier
+	leases map[*Lease]struct{} // held (neither released nor lost), for Close
 }
 
 // New returns a client over pool (which it never closes). A nil cfg gives
@@ -109,7 +110,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	case c.RetryInterval <= 0 || c.PollInterval <= 0:
 		return nil, errors.New("pgfence: Config.RetryInterval and Config.PollInterval must be positive")
 	}
-	return &Client{pool: pool, cfg: c, log: c.Logger}, nil
+	return &Client{pool: pool, cfg: c, log: c.Logger, leases: map[*Lease]struct{}{}}, nil
 }
 
 // defaultHolder is host/pid/random: unique per process instance, and still
@@ -130,16 +131,64 @@ func (c *Client) Holder() string { return c.cfg.Holder }
 // Config returns the client's configuration with the defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// Close stops the client's background listener. Leases already granted keep
-// renewing until they are released or lost; release them first.
+// closeReleaseTimeout bounds each release that Close makes.
+const closeReleaseTimeout = 5 * time.Second
+
+// Close releases every lease the client still holds and stops its
+// background listener, as etcd's Session.Close revokes its lease: a closed
+// client leaves nothing behind that renews itself, and the next holder need
+// not wait for a TTL. The leases end with ErrReleased (their Done channels
+// close). Each release is bounded by 5s; one that cannot reach the server
+// leaves its lease to expire at its TTL (a session lease ends anyway, with
+// its connection). After Close, Acquire, Lock and AcquireSession return
+// ErrClosed. Close is idempotent.
 func (c *Client) Close() {
 	c.mu.Lock()
 	c.closed = true
 	n := c.notify
+	held := make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		held = append(held, l)
+	}
 	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, l := range held {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
+			defer cancel()
+			if err := l.Release(ctx); err != nil {
+				c.log.Warn("pgfence: release at Close failed; the lease ends at its expiry", "resource", l.resource, "error", err.Error())
+			}
+		})
+	}
+	wg.Wait()
 	if n != nil {
 		n.close()
 	}
+}
+
+// track registers a new lease for Close, until it ends. It refuses (false)
+// once the client is closed: the caller then releases the lease.
+func (c *Client) track(l *Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.leases[l] = struct{}{}
+	context.AfterFunc(l.ctx, func() {
+		c.mu.Lock()
+		delete(c.leases, l)
+		c.mu.Unlock()
+	})
+	return true
+}
+
+// isClosed reports whether Close was called.
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // ensureInstalled checks once that schema fence is installed at the version

@@ -92,6 +92,9 @@ func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn 
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
+			if errors.Is(err, ErrClosed) {
+				return err
+			}
 			c.log.Warn("pgfence: campaign failed, trying again", "name", name, "error", err.Error())
 			select {
 			case <-ctx.Done():

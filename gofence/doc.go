@@ -50,7 +50,9 @@
 //	                     v
 //	                   lost (Err: ErrLost; Done closed; Context cancelled)
 //
-// A lost lease stays lost; Release after loss returns nil.
+// A lost lease stays lost; Release after loss returns nil. Client.Close
+// releases every lease still held (they end with ErrReleased), so a closed
+// client leaves nothing that renews itself.
 //
 // # Defaults and why
 //

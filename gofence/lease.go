@@ -49,6 +49,9 @@ func (c *Client) Acquire(ctx context.Context, resource string) (*Lease, error) {
 
 // acquire tries once; waiting asks the holder's release to NOTIFY (Lock).
 func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*Lease, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
 	}
@@ -67,6 +70,13 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*L
 		return nil, c.heldError(ctx, resource)
 	}
 	l := c.newLease(resource, tok, nil)
+	if !c.track(l) { // Close ran meanwhile: give the lease straight back
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
+		defer cancel()
+		_, _ = sqlfuncs.Release(rctx, c.pool, resource, tok)
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
+	}
 	l.deadline = sentAt.Add(c.cfg.TTL - c.cfg.SafetyMargin)
 	l.lossTimer = time.AfterFunc(time.Until(l.deadline), l.trustDeadlinePassed)
 	go l.keepalive(sentAt)
@@ -83,6 +93,9 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*L
 // RenewInterval, when the connection is checked): the fencing token still
 // protects every guarded write.
 func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
 	}
@@ -100,6 +113,11 @@ func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, e
 		return nil, c.heldError(ctx, resource)
 	}
 	l := c.newLease(resource, tok, conn)
+	if !c.track(l) { // Close ran meanwhile: ending the session ends the lease
+		closeConn(conn)
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
+	}
 	go l.keepalive(time.Now())
 	return l, nil
 }
