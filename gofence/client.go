@@ -55,6 +55,15 @@ type Config struct {
 	// DisableNotify turns off LISTEN/NOTIFY: Lock then relies on polling only.
 	DisableNotify bool
 
+	// ReleaseOnClose makes Close release every lease the client still holds,
+	// as etcd's Session.Close revokes its lease: nothing keeps renewing after
+	// Close, and the next holder need not wait for a TTL. Default false:
+	// leases belong to the caller and outlive Close (they keep renewing until
+	// released or lost), which a program that hands a token to another
+	// process needs (pgfence acquire prints the token and exits, leaving the
+	// lease held for its TTL).
+	ReleaseOnClose bool
+
 	// Logger receives what the package notices on its own, in the
 	// background: a lease lost (WARN), a renewal retried or the notification
 	// listener reconnecting (INFO), a lease acquired (DEBUG). Default: none;
@@ -131,24 +140,26 @@ func (c *Client) Holder() string { return c.cfg.Holder }
 // Config returns the client's configuration with the defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// closeReleaseTimeout bounds each release that Close makes.
+// closeReleaseTimeout bounds each release that Close makes (ReleaseOnClose).
 const closeReleaseTimeout = 5 * time.Second
 
-// Close releases every lease the client still holds and stops its
-// background listener, as etcd's Session.Close revokes its lease: a closed
-// client leaves nothing behind that renews itself, and the next holder need
-// not wait for a TTL. The leases end with ErrReleased (their Done channels
-// close). Each release is bounded by 5s; one that cannot reach the server
-// leaves its lease to expire at its TTL (a session lease ends anyway, with
-// its connection). After Close, Acquire, Lock and AcquireSession return
-// ErrClosed. Close is idempotent.
+// Close stops the client's background listener; with
+// Config.ReleaseOnClose it first releases every lease the client still
+// holds (they end with ErrReleased; each release is bounded by 5s, and one
+// that cannot reach the server leaves its lease to expire at its TTL).
+// Without it, leases already granted are the caller's: they keep renewing
+// until released or lost (release them first, or use Do or Elect, which
+// release). After Close, Acquire, Lock and AcquireSession return ErrClosed.
+// Close is idempotent.
 func (c *Client) Close() {
 	c.mu.Lock()
 	c.closed = true
 	n := c.notify
-	held := make([]*Lease, 0, len(c.leases))
-	for l := range c.leases {
-		held = append(held, l)
+	var held []*Lease
+	if c.cfg.ReleaseOnClose {
+		for l := range c.leases {
+			held = append(held, l)
+		}
 	}
 	c.mu.Unlock()
 	var wg sync.WaitGroup

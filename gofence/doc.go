@@ -50,9 +50,10 @@
 //	                     v
 //	                   lost (Err: ErrLost; Done closed; Context cancelled)
 //
-// A lost lease stays lost; Release after loss returns nil. Client.Close
-// releases every lease still held (they end with ErrReleased), so a closed
-// client leaves nothing that renews itself.
+// A lost lease stays lost; Release after loss returns nil. With
+// Config.ReleaseOnClose, Client.Close releases every lease still held (they
+// end with ErrReleased), so a closed client leaves nothing that renews
+// itself; by default leases are the caller's and outlive Close.
 //
 // # Defaults and why
 //
