@@ -294,6 +294,12 @@ func (mc *migrateConn) Close() error {
 	if !mine {
 		return nil // discarded by finish already
 	}
+	if c.ctx.Err() != nil {
+		// closeSockets may have closed its socket while it was idle, which
+		// pgx does not notice until the next use: do not hand it out again.
+		mc.discard()
+		return nil
+	}
 	if mc.tx != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), 5*time.Second)
 		defer cancel()
