@@ -167,8 +167,8 @@ func WithHolder(name string) LeaseOption {
 // WithTTL sets the TTL of this lease, instead of Config.TTL (10ms to 24h).
 // Its renewal interval, safety margin and retry interval follow from it as
 // the defaults do from Config.TTL (TTL/3, TTL/10, min(1s, TTL/12)), except
-// those that the Config set explicitly, which must fit this TTL. Session
-// leases have no TTL and refuse it.
+// those that the Config set explicitly, which must fit this TTL. WithTTL(0)
+// keeps Config.TTL. Session leases have no TTL and refuse it.
 func WithTTL(ttl time.Duration) LeaseOption {
 	return func(o *leaseOptions) { o.ttl = ttl }
 }

@@ -13,10 +13,12 @@ type DoOptions struct {
 	// NoWait makes Do try once (Acquire) instead of waiting (Lock); a held
 	// resource then gives an error matching ErrHeld.
 	NoWait bool
-	// Holder and TTL override Config.Holder and Config.TTL for this lease
-	// (WithHolder, WithTTL). Default: the Client's.
+	// Holder names the holder of this lease instead of Config.Holder
+	// (WithHolder). Default: the Client's.
 	Holder string
-	TTL    time.Duration
+	// TTL is the TTL of this lease instead of Config.TTL (WithTTL).
+	// Default: the Client's.
+	TTL time.Duration
 }
 
 // optionsOf turns Holder and TTL fields into options.
@@ -93,10 +95,12 @@ type ElectOptions struct {
 	// Backoff is the pause after an error before campaigning again.
 	// Default: the client's PollInterval.
 	Backoff time.Duration
-	// Holder and TTL override Config.Holder and Config.TTL for this
-	// candidate's leases (WithHolder, WithTTL). Default: the Client's.
+	// Holder names this candidate in fence.leases instead of Config.Holder
+	// (WithHolder). Default: the Client's.
 	Holder string
-	TTL    time.Duration
+	// TTL is the TTL of this candidate's leases instead of Config.TTL
+	// (WithTTL). Default: the Client's.
+	TTL time.Duration
 }
 
 // Elect campaigns for leadership of name and runs fn while this process

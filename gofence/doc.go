@@ -64,7 +64,9 @@
 // scheduling. PollInterval 1s: the fallback for waiters when notifications
 // are lost or a pooler (PgBouncer in transaction mode) blocks LISTEN; a
 // waiter also asks again exactly when the held lease expires by the server's
-// clock.
+// clock. Logger: none; the package stays quiet unless Config.Logger is set,
+// since everything it would log also reaches the caller (Lease.Done and
+// Lease.Err, returned errors).
 //
 // # Per-lease settings
 //
