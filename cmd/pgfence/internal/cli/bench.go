@@ -201,7 +201,6 @@ func runBench(ctx context.Context, g *globals, o benchOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	defer admin.Close()
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	b := &bench{
@@ -210,6 +209,7 @@ func runBench(ctx context.Context, g *globals, o benchOptions) (err error) {
 		log:    slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		report: &benchReport{},
 	}
+	defer b.closePool(admin)
 	defer func() {
 		// Drop even when ctx was cancelled (Ctrl-C): the bench leaves nothing behind.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -373,7 +373,7 @@ func (b *bench) createDB(ctx context.Context, suffix string, maxConns int32, par
 		return nil, nil, err
 	}
 	if err := gofence.Migrate(ctx, pool); err != nil {
-		pool.Close()
+		b.closePool(pool)
 		return nil, nil, err
 	}
 	return pool, rt, nil
@@ -394,6 +394,27 @@ func (b *bench) openPool(ctx context.Context, name string, maxConns int32, param
 		return nil, nil, err
 	}
 	return pool, rt, nil
+}
+
+// poolCloseWait bounds how long closing a pool of the bench waits for
+// connections still checked out.
+const poolCloseWait = 10 * time.Second
+
+// closePool closes pool. Every connection the bench takes is handed back by
+// a deferred release, so Close returns at once; if one ever was not, the
+// bench reports it and goes on instead of waiting forever (pgxpool's Close
+// waits for every checked-out connection).
+func (b *bench) closePool(pool *pgxpool.Pool) {
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	t := time.NewTimer(poolCloseWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		b.log.Error("pgfence bench: a connection was never handed back; not waiting for it (a bug: please report it)",
+			"database", pool.Config().ConnConfig.Database, "checked_out", pool.Stat().AcquiredConns())
+	}
 }
 
 // benchEnv is the main bench database, shared by every scenario but scale.
@@ -421,10 +442,10 @@ func (b *bench) setup(ctx context.Context) (*benchEnv, error) {
 	}
 	client, err := gofence.New(pool, &gofence.Config{Holder: "pgfence-bench", Logger: b.log})
 	if err != nil {
-		pool.Close()
+		b.closePool(pool)
 		return nil, err
 	}
-	env := &benchEnv{pool: pool, rt: rt, client: client, close: func() { client.Close(); pool.Close() }}
+	env := &benchEnv{pool: pool, rt: rt, client: client, close: func() { client.Close(); b.closePool(pool) }}
 	stmts := []string{benchLeaseTable}
 	for _, t := range []string{"bench_guarded", "bench_unguarded"} {
 		stmts = append(stmts, fmt.Sprintf(benchWriteTable, t), fmt.Sprintf(benchWriteRows, t))

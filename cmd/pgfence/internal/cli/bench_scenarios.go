@@ -229,7 +229,7 @@ func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *scenarioR
 	if err != nil {
 		return err
 	}
-	defer off.Close()
+	defer b.closePool(off)
 	l, err := env.client.Acquire(ctx, guardResource)
 	if err != nil {
 		return err
@@ -546,12 +546,12 @@ func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
 	if err != nil {
 		return err
 	}
-	defer small.Close()
+	defer b.closePool(small)
 	big, _, err := b.createDB(ctx, "_sbig", int32(c+4), nil)
 	if err != nil {
 		return err
 	}
-	defer big.Close()
+	defer b.closePool(big)
 	start := time.Now()
 	if err := prefill(ctx, small, "s-", scaleSmall, false); err != nil {
 		return err
