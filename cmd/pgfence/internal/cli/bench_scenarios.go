@@ -581,7 +581,7 @@ func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
 	}
 	s.atLeast(fmt.Sprintf("grant throughput at %d / at %d resources", b.o.bigResources, scaleSmall), cmps[0].Ratio.Median, 0.8)
 	if b.o.bigResources < 1_000_000 {
-		s.Notes = append(s.Notes, fmt.Sprintf("the big side has %d resources, not the 1,000,000 of the issue's target: run with --big-resources 1000000 for that", b.o.bigResources))
+		s.Notes = append(s.Notes, fmt.Sprintf("the big side has %d resources, not the 1,000,000 of the documented target: run with --big-resources 1000000 for that", b.o.bigResources))
 	}
 	return b.renewLoop(ctx, small, cs, c, s)
 }

@@ -35,7 +35,7 @@ func TestBenchSmokeTable(t *testing.T) {
 	charts := t.TempDir()
 	code, out, errOut := run(t, append([]string{"bench", "--database-url", admin, "--chart-dir", charts}, smokeArgs...)...)
 	require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)
-	for _, s := range []string{"== grant", "== guarded", "== handoff", "== scale", "== scaling", "== targets (issue 6) =="} {
+	for _, s := range []string{"== grant", "== guarded", "== handoff", "== scale", "== scaling", "== targets (docs/benchmarks.md) =="} {
 		require.Contains(t, out, s)
 	}
 	require.Contains(t, out, "ratio A/B median [min-max]")
@@ -43,6 +43,7 @@ func TestBenchSmokeTable(t *testing.T) {
 	require.Contains(t, out, "HOT share of renewals")
 	require.Contains(t, out, "scenario errors: 0")
 	require.NotContains(t, out, "ERROR:")
+	require.NotContains(t, out, "issue", "the output speaks to users, not about the project's issues")
 	for _, f := range []string{"bench-client-scaling.svg", "bench-handoff.svg"} {
 		svg, err := os.ReadFile(filepath.Join(charts, f))
 		require.NoError(t, err)
