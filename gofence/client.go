@@ -55,23 +55,37 @@ type Config struct {
 	// DisableNotify turns off LISTEN/NOTIFY: Lock then relies on polling only.
 	DisableNotify bool
 
-	// Logger receives transient errors and lease losses. Default
-	// slog.Default().
+	// ReleaseOnClose makes Close release every lease the client still holds,
+	// as etcd's Session.Close revokes its lease: nothing keeps renewing after
+	// Close, and the next holder need not wait for a TTL. Default false:
+	// leases belong to the caller and outlive Close (they keep renewing until
+	// released or lost), which a program that hands a token to another
+	// process needs (pgfence acquire prints the token and exits, leaving the
+	// lease held for its TTL).
+	ReleaseOnClose bool
+
+	// Logger receives what the package notices on its own, in the
+	// background: a lease lost (WARN), a renewal retried or the notification
+	// listener reconnecting (INFO), a lease acquired (DEBUG). Default: none;
+	// a library stays quiet unless asked, and every such event also reaches
+	// the caller (Lease.Done and Lease.Err, errors of the calls).
 	Logger *slog.Logger
 }
 
 // Client hands out leases on resources of one database. It is safe for
 // concurrent use. Create it with New; Close it when done.
 type Client struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	log  *slog.Logger
+	pool  *pgxpool.Pool
+	cfg   Config // with the defaults filled in
+	given Config // as the caller set it, to derive per-lease timings (WithTTL)
+	log   *slog.Logger
 
 	installed atomic.Bool
 
-	mu     sync.Mutex // guards closed and notify
+	mu     sync.Mutex // guards closed, notify and leases
 	closed bool
 	notify *notifier
+	leases map[*Lease]struct{} // held (neither released nor lost), for Close
 }
 
 // New returns a client over pool (which it never closes). A nil cfg gives
@@ -80,33 +94,116 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("pgfence: New needs a *pgxpool.Pool")
 	}
-	var c Config
+	var given Config
 	if cfg != nil {
-		c = *cfg
+		given = *cfg
 	}
+	c := given
 	if c.Holder == "" {
 		c.Holder = defaultHolder()
 	}
-	c.TTL = cmp.Or(c.TTL, 30*time.Second)
-	c.RenewInterval = cmp.Or(c.RenewInterval, c.TTL/3)
-	c.SafetyMargin = cmp.Or(c.SafetyMargin, c.TTL/10)
-	c.RetryInterval = cmp.Or(c.RetryInterval, min(time.Second, c.RenewInterval/4))
 	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
-	c.Logger = cmp.Or(c.Logger, slog.Default())
-	switch {
-	case len(c.Holder) > 255:
-		return nil, fmt.Errorf("pgfence: Config.Holder is %d bytes; the limit is 255 characters", len(c.Holder))
-	case c.TTL < 10*time.Millisecond || c.TTL > 24*time.Hour:
-		return nil, fmt.Errorf("pgfence: Config.TTL %s is out of range: use 10ms to 24h", c.TTL)
-	case c.SafetyMargin <= 0 || c.SafetyMargin >= c.TTL/2:
-		return nil, fmt.Errorf("pgfence: Config.SafetyMargin %s must be positive and under half the TTL (%s)", c.SafetyMargin, c.TTL)
-	case c.RenewInterval <= 0 || c.RenewInterval >= c.TTL-c.SafetyMargin:
-		return nil, fmt.Errorf("pgfence: Config.RenewInterval %s must be positive and under TTL - SafetyMargin (%s), or the lease is lost between renewals",
-			c.RenewInterval, c.TTL-c.SafetyMargin)
-	case c.RetryInterval <= 0 || c.PollInterval <= 0:
-		return nil, errors.New("pgfence: Config.RetryInterval and Config.PollInterval must be positive")
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	t, err := timings(given, c.Holder, given.TTL, "Config.")
+	if err != nil {
+		return nil, err
 	}
-	return &Client{pool: pool, cfg: c, log: c.Logger}, nil
+	c.TTL, c.RenewInterval, c.SafetyMargin, c.RetryInterval = t.ttl, t.renew, t.margin, t.retry
+	if c.PollInterval <= 0 {
+		return nil, errors.New("pgfence: Config.PollInterval must be positive")
+	}
+	return &Client{pool: pool, cfg: c, given: given, log: c.Logger, leases: map[*Lease]struct{}{}}, nil
+}
+
+// leaseTimings are the settings of one lease: the Client's, or those of the
+// call's options (WithHolder, WithTTL).
+type leaseTimings struct {
+	holder                    string
+	ttl, renew, margin, retry time.Duration
+}
+
+// timings fills in the defaults of a lease with the given TTL (0: the
+// default 30s) from the caller's config, and validates them. The timings
+// derived from the TTL (TTL/3, TTL/10, ...) follow it unless the config set
+// them; field prefixes the names in errors ("Config." or "WithTTL: Config.").
+func timings(given Config, holder string, ttl time.Duration, field string) (leaseTimings, error) {
+	t := leaseTimings{holder: holder, ttl: cmp.Or(ttl, 30*time.Second)}
+	t.renew = cmp.Or(given.RenewInterval, t.ttl/3)
+	t.margin = cmp.Or(given.SafetyMargin, t.ttl/10)
+	t.retry = cmp.Or(given.RetryInterval, min(time.Second, t.renew/4))
+	switch {
+	case len(t.holder) > 255:
+		return t, fmt.Errorf("pgfence: holder name is %d bytes; the limit is 255 characters", len(t.holder))
+	case t.ttl < 10*time.Millisecond || t.ttl > 24*time.Hour:
+		return t, fmt.Errorf("pgfence: %sTTL %s is out of range: use 10ms to 24h", field, t.ttl)
+	case t.margin <= 0 || t.margin >= t.ttl/2:
+		return t, fmt.Errorf("pgfence: %sSafetyMargin %s must be positive and under half the TTL (%s)", field, t.margin, t.ttl)
+	case t.renew <= 0 || t.renew >= t.ttl-t.margin:
+		return t, fmt.Errorf("pgfence: %sRenewInterval %s must be positive and under TTL - SafetyMargin (%s), or the lease is lost between renewals",
+			field, t.renew, t.ttl-t.margin)
+	case t.retry <= 0:
+		return t, fmt.Errorf("pgfence: %sRetryInterval must be positive", field)
+	}
+	return t, nil
+}
+
+// LeaseOption sets something of one lease, instead of the Client's Config:
+// pass it to Acquire, Lock, AcquireSession or LockSession, so that one
+// Client (one pool, one LISTEN connection) serves differently named workers
+// and different TTLs.
+type LeaseOption func(*leaseOptions)
+
+type leaseOptions struct {
+	holder string
+	ttl    time.Duration
+}
+
+// WithHolder names the holder of this lease in fence.leases, instead of
+// Config.Holder (up to 255 characters).
+func WithHolder(name string) LeaseOption {
+	return func(o *leaseOptions) { o.holder = name }
+}
+
+// WithTTL sets the TTL of this lease, instead of Config.TTL (10ms to 24h).
+// Its renewal interval, safety margin and retry interval follow from it as
+// the defaults do from Config.TTL (TTL/3, TTL/10, min(1s, TTL/12)), except
+// those that the Config set explicitly, which must fit this TTL. WithTTL(0)
+// keeps Config.TTL. Session leases have no TTL and refuse it.
+func WithTTL(ttl time.Duration) LeaseOption {
+	return func(o *leaseOptions) { o.ttl = ttl }
+}
+
+// sessionTimings returns the settings of a session lease taken with opts:
+// the Client's, with the holder of WithHolder; WithTTL is refused.
+func (c *Client) sessionTimings(opts []LeaseOption) (leaseTimings, error) {
+	var o leaseOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.ttl != 0 {
+		return leaseTimings{}, errors.New("pgfence: WithTTL does not apply to a session lease: it lives as long as its connection")
+	}
+	return c.leaseTimings(opts)
+}
+
+// leaseTimings returns the settings of a lease taken with opts.
+func (c *Client) leaseTimings(opts []LeaseOption) (leaseTimings, error) {
+	var o leaseOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	holder := cmp.Or(o.holder, c.cfg.Holder)
+	if o.ttl == 0 {
+		t := leaseTimings{holder: holder, ttl: c.cfg.TTL, renew: c.cfg.RenewInterval, margin: c.cfg.SafetyMargin, retry: c.cfg.RetryInterval}
+		if len(holder) > 255 {
+			return t, fmt.Errorf("pgfence: WithHolder: the name is %d bytes; the limit is 255 characters", len(holder))
+		}
+		return t, nil
+	}
+	if o.ttl < 10*time.Millisecond || o.ttl > 24*time.Hour {
+		return leaseTimings{}, fmt.Errorf("pgfence: WithTTL %s is out of range: use 10ms to 24h", o.ttl)
+	}
+	return timings(c.given, holder, o.ttl, "WithTTL: Config.")
 }
 
 // defaultHolder is host/pid/random: unique per process instance, and still
@@ -127,16 +224,66 @@ func (c *Client) Holder() string { return c.cfg.Holder }
 // Config returns the client's configuration with the defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// Close stops the client's background listener. Leases already granted keep
-// renewing until they are released or lost; release them first.
+// closeReleaseTimeout bounds each release that Close makes (ReleaseOnClose).
+const closeReleaseTimeout = 5 * time.Second
+
+// Close stops the client's background listener; with
+// Config.ReleaseOnClose it first releases every lease the client still
+// holds (they end with ErrReleased; each release is bounded by 5s, and one
+// that cannot reach the server leaves its lease to expire at its TTL).
+// Without it, leases already granted are the caller's: they keep renewing
+// until released or lost (release them first, or use Do or Elect, which
+// release). After Close, Acquire, Lock and AcquireSession return ErrClosed.
+// Close is idempotent.
 func (c *Client) Close() {
 	c.mu.Lock()
 	c.closed = true
 	n := c.notify
+	var held []*Lease
+	if c.cfg.ReleaseOnClose {
+		for l := range c.leases {
+			held = append(held, l)
+		}
+	}
 	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, l := range held {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
+			defer cancel()
+			if err := l.Release(ctx); err != nil {
+				c.log.Warn("pgfence: release at Close failed; the lease ends at its expiry", "resource", l.resource, "error", err.Error())
+			}
+		})
+	}
+	wg.Wait()
 	if n != nil {
 		n.close()
 	}
+}
+
+// track registers a new lease for Close, until it ends. It refuses (false)
+// once the client is closed: the caller then releases the lease.
+func (c *Client) track(l *Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.leases[l] = struct{}{}
+	context.AfterFunc(l.ctx, func() {
+		c.mu.Lock()
+		delete(c.leases, l)
+		c.mu.Unlock()
+	})
+	return true
+}
+
+// isClosed reports whether Close was called.
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // ensureInstalled checks once that schema fence is installed at the version

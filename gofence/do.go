@@ -1,6 +1,7 @@
 package gofence
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,24 @@ type DoOptions struct {
 	// NoWait makes Do try once (Acquire) instead of waiting (Lock); a held
 	// resource then gives an error matching ErrHeld.
 	NoWait bool
+	// Holder names the holder of this lease instead of Config.Holder
+	// (WithHolder). Default: the Client's.
+	Holder string
+	// TTL is the TTL of this lease instead of Config.TTL (WithTTL).
+	// Default: the Client's.
+	TTL time.Duration
+}
+
+// optionsOf turns Holder and TTL fields into options.
+func optionsOf(holder string, ttl time.Duration) []LeaseOption {
+	var opts []LeaseOption
+	if holder != "" {
+		opts = append(opts, WithHolder(holder))
+	}
+	if ttl != 0 {
+		opts = append(opts, WithTTL(ttl))
+	}
+	return opts
 }
 
 // Do takes a lease on resource (waiting for it unless opts.NoWait), runs fn
@@ -26,10 +45,14 @@ func (c *Client) Do(ctx context.Context, resource string, opts *DoOptions, fn fu
 		l   *Lease
 		err error
 	)
-	if opts != nil && opts.NoWait {
-		l, err = c.Acquire(ctx, resource)
+	var o DoOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.NoWait {
+		l, err = c.Acquire(ctx, resource, optionsOf(o.Holder, o.TTL)...)
 	} else {
-		l, err = c.Lock(ctx, resource)
+		l, err = c.Lock(ctx, resource, optionsOf(o.Holder, o.TTL)...)
 	}
 	if err != nil {
 		return err
@@ -47,7 +70,7 @@ func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error)
 	release := func() {
 		stop()
 		lost = l.Err() // before Release turns it into ErrReleased
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.cfg.TTL)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.t.ttl)
 		defer cancel()
 		if rerr := l.Release(rctx); rerr != nil {
 			l.c.log.Warn("pgfence: release failed", "resource", l.resource, "error", rerr.Error())
@@ -72,6 +95,12 @@ type ElectOptions struct {
 	// Backoff is the pause after an error before campaigning again.
 	// Default: the client's PollInterval.
 	Backoff time.Duration
+	// Holder names this candidate in fence.leases instead of Config.Holder
+	// (WithHolder). Default: the Client's.
+	Holder string
+	// TTL is the TTL of this candidate's leases instead of Config.TTL
+	// (WithTTL). Default: the Client's.
+	TTL time.Duration
 }
 
 // Elect campaigns for leadership of name and runs fn while this process
@@ -82,15 +111,23 @@ type ElectOptions struct {
 // error), Elect steps down and returns fn's result. The lease's token is the
 // leader's term: terms strictly increase.
 func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn func(ctx context.Context, lease *Lease) error) error {
-	backoff := c.cfg.PollInterval
-	if opts != nil && opts.Backoff > 0 {
-		backoff = opts.Backoff
+	var o ElectOptions
+	if opts != nil {
+		o = *opts
+	}
+	backoff := cmp.Or(max(o.Backoff, 0), c.cfg.PollInterval)
+	lockOpts := optionsOf(o.Holder, o.TTL)
+	if _, err := c.leaseTimings(lockOpts); err != nil {
+		return err // bad options: campaigning again would not help
 	}
 	for {
-		l, err := c.Lock(ctx, name)
+		l, err := c.Lock(ctx, name, lockOpts...)
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
+			}
+			if errors.Is(err, ErrClosed) {
+				return err
 			}
 			c.log.Warn("pgfence: campaign failed, trying again", "name", name, "error", err.Error())
 			select {
@@ -100,7 +137,7 @@ func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn 
 			}
 			continue
 		}
-		c.log.Info("pgfence: elected", "name", name, "term", l.Token(), "holder", c.cfg.Holder)
+		c.log.Info("pgfence: elected", "name", name, "term", l.Token(), "holder", l.Holder())
 		lost, err := l.run(ctx, fn)
 		switch {
 		case ctx.Err() != nil:

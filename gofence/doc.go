@@ -50,7 +50,10 @@
 //	                     v
 //	                   lost (Err: ErrLost; Done closed; Context cancelled)
 //
-// A lost lease stays lost; Release after loss returns nil.
+// A lost lease stays lost; Release after loss returns nil. With
+// Config.ReleaseOnClose, Client.Close releases every lease still held (they
+// end with ErrReleased), so a closed client leaves nothing that renews
+// itself; by default leases are the caller's and outlive Close.
 //
 // # Defaults and why
 //
@@ -61,7 +64,18 @@
 // scheduling. PollInterval 1s: the fallback for waiters when notifications
 // are lost or a pooler (PgBouncer in transaction mode) blocks LISTEN; a
 // waiter also asks again exactly when the held lease expires by the server's
-// clock.
+// clock. Logger: none; the package stays quiet unless Config.Logger is set,
+// since everything it would log also reaches the caller (Lease.Done and
+// Lease.Err, returned errors).
+//
+// # Per-lease settings
+//
+// The Config of a Client holds the defaults; WithHolder and WithTTL set the
+// holder name and the TTL of one lease (Acquire, Lock, AcquireSession,
+// LockSession; DoOptions and ElectOptions have the same fields), so one
+// Client, with one pool and one LISTEN connection, serves workers of several
+// names. A per-lease TTL brings its own renewal interval, safety margin and
+// retry interval (TTL/3, TTL/10, min(1s, TTL/12)) unless the Config set them.
 //
 // # Waiting for a lock
 //
@@ -69,7 +83,9 @@
 // on which fence.release and fence.revoke announce the freed resource. A
 // waiter registers before it tries, so a release between its try and its
 // wait is not missed; after a reconnect of the listener every waiter tries
-// again, since notifications sent meanwhile are lost.
+// again, since notifications sent meanwhile are lost. LockSession waits for
+// a session lease the same way, but mostly by polling: fence.acquire_session
+// has no way to ask the holder's release for a notification.
 //
 // # Fenced transactions
 //
@@ -77,7 +93,13 @@
 // fence.use_token in the same round trip, so every statement of the
 // function on a protected table is fenced, whether the table carries its
 // token in a column or not. Errors keep the *pgconn.PgError reachable with
-// errors.As.
+// errors.As. The transaction is rolled back in a defer with a context that
+// is not cancelled, so neither a cancelled caller nor a panic in the function
+// leaves it open (an open guarded transaction holds the resource's gate, and
+// the next grant would wait for it). Lease.UseToken does the same for a
+// transaction the caller already has (a job queue's pgx.Tx), taking the
+// small interface DB (Exec and QueryRow) that pgx types and their wrappers
+// satisfy.
 //
 // # Leader election
 //
@@ -94,4 +116,14 @@
 // this package agree on the version and can be mixed. A Client checks once
 // that the schema is installed at the version it needs and returns
 // ErrNotInstalled otherwise.
+//
+// golang-migrate runs its statements without a context and keeps a
+// connection when it fails to open, so the migration functions give it
+// connections through a connector of their own: taken from the pool under
+// the caller's context, their sockets closed when that context ends, and
+// whatever golang-migrate still holds at the end closed and returned. Every
+// call is bounded by its context and leaves the pool as it found it.
+// MigrationVersion reads golang-migrate's record in a READ ONLY transaction
+// (so reading never creates the version table) and falls back to
+// fence.version() when the role cannot see the table.
 package gofence

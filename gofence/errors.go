@@ -38,6 +38,8 @@ var (
 	ErrLost = errors.New("pgfence: lease lost")
 	// ErrReleased: the lease was released by its holder.
 	ErrReleased = errors.New("pgfence: lease released")
+	// ErrClosed: the Client was closed; it grants no more leases.
+	ErrClosed = errors.New("pgfence: client is closed")
 )
 
 // HeldError is returned by Acquire when a live lease holds the resource.
@@ -80,7 +82,7 @@ func (e *HeldError) Unwrap() error { return ErrHeld }
 // deadlock, lock timeout). Fencing outcomes, bad input and missing
 // privileges are answers, and final.
 func transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed) {
 		return false
 	}
 	var pgErr *pgconn.PgError

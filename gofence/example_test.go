@@ -179,6 +179,49 @@ func ExampleLease_Tx() {
 	// Output: stale: true
 }
 
+func ExampleLease_UseToken() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	client, err := gofence.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lease, err := client.Acquire(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	// A transaction that something else began, a job queue for example.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, note, fence_token) VALUES (1, 'paid', $1)`, lease.Token()); err != nil {
+		log.Fatal(err)
+	}
+	// Register the token: every later write of tx to a protected table is
+	// fenced, also those that do not assign the token column.
+	if err := lease.UseToken(ctx, tx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE orders SET note = 'shipped' WHERE id = 1`); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+	var note string
+	if err := pool.QueryRow(ctx, `SELECT note FROM orders WHERE id = 1`).Scan(&note); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(note)
+	// Output: shipped
+}
+
 func ExampleClient_Elect() {
 	pool, done := exampleDB()
 	defer done()

@@ -18,6 +18,7 @@ import (
 // use.
 type Lease struct {
 	c        *Client
+	t        leaseTimings // holder, TTL and the intervals that follow from it
 	resource string
 	token    int64
 	session  *pgx.Conn // the dedicated connection of a session lease; nil for TTL leases
@@ -42,13 +43,21 @@ type Lease struct {
 
 // Acquire tries once to take a TTL lease on resource. When another live lease
 // holds it, the error is a *HeldError (errors.Is(err, ErrHeld)) that names
-// the holder and its expiry.
-func (c *Client) Acquire(ctx context.Context, resource string) (*Lease, error) {
-	return c.acquire(ctx, resource, false)
+// the holder and its expiry. Options (WithHolder, WithTTL) override the
+// Client's Config for this lease.
+func (c *Client) Acquire(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
+	t, err := c.leaseTimings(opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquire(ctx, resource, false, t)
 }
 
 // acquire tries once; waiting asks the holder's release to NOTIFY (Lock).
-func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t leaseTimings) (*Lease, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
 	}
@@ -59,18 +68,25 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*L
 	// The trust deadline counts from the moment the request is sent: the
 	// server reads its clock later than that, so its expiry is later too.
 	sentAt := time.Now()
-	tok, ok, err := grant(ctx, c.pool, resource, c.cfg.Holder, c.cfg.TTL)
+	tok, ok, err := grant(ctx, c.pool, resource, t.holder, t.ttl)
 	if err != nil {
 		return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
 	}
 	if !ok {
 		return nil, c.heldError(ctx, resource)
 	}
-	l := c.newLease(resource, tok, nil)
-	l.deadline = sentAt.Add(c.cfg.TTL - c.cfg.SafetyMargin)
+	l := c.newLease(resource, tok, nil, t)
+	if !c.track(l) { // Close ran meanwhile: give the lease straight back
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
+		defer cancel()
+		_, _ = sqlfuncs.Release(rctx, c.pool, resource, tok)
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
+	}
+	l.deadline = sentAt.Add(t.ttl - t.margin)
 	l.lossTimer = time.AfterFunc(time.Until(l.deadline), l.trustDeadlinePassed)
 	go l.keepalive(sentAt)
-	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", tok, "holder", c.cfg.Holder)
+	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", tok, "holder", t.holder)
 	return l, nil
 }
 
@@ -83,7 +99,21 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool) (*L
 // RenewInterval, when the connection is checked): the fencing token still
 // protects every guarded write. Behind a connection pooler it refuses
 // with ErrPooledSession (see README, "Behind a connection pooler").
-func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, error) {
+// WithHolder names the holder; session leases have no TTL, so WithTTL is
+// refused.
+func (c *Client) AcquireSession(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
+	t, err := c.sessionTimings(opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquireSession(ctx, resource, t)
+}
+
+// acquireSession tries once to take a session lease.
+func (c *Client) acquireSession(ctx context.Context, resource string, t leaseTimings) (*Lease, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
 	}
@@ -92,7 +122,7 @@ func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, e
 		return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
 	}
 	conn := pc.Hijack() // the pool forgets it: the lease owns this session now
-	tok, ok, err := sqlfuncs.AcquireSession(ctx, conn, resource, c.cfg.Holder)
+	tok, ok, err := sqlfuncs.AcquireSession(ctx, conn, resource, t.holder)
 	if err != nil || !ok {
 		closeConn(conn)
 		if err != nil {
@@ -104,16 +134,21 @@ func (c *Client) AcquireSession(ctx context.Context, resource string) (*Lease, e
 		closeConn(conn)
 		return nil, err
 	}
-	l := c.newLease(resource, tok, conn)
+	l := c.newLease(resource, tok, conn, t)
+	if !c.track(l) { // Close ran meanwhile: ending the session ends the lease
+		closeConn(conn)
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
+	}
 	go l.keepalive(time.Now())
 	return l, nil
 }
 
-func (c *Client) newLease(resource string, token int64, session *pgx.Conn) *Lease {
+func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t leaseTimings) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	renewCtx, renewCancel := context.WithCancel(ctx)
 	return &Lease{
-		c: c, resource: resource, token: token, session: session,
+		c: c, t: t, resource: resource, token: token, session: session,
 		ctx: ctx, cancel: cancel, renewCtx: renewCtx, renewCancel: renewCancel,
 		stopKeepalive: make(chan struct{}),
 		keepaliveDone: make(chan struct{}),
@@ -143,7 +178,7 @@ func (l *Lease) Token() int64 { return l.token }
 func (l *Lease) Resource() string { return l.resource }
 
 // Holder is the name the lease is held under.
-func (l *Lease) Holder() string { return l.c.cfg.Holder }
+func (l *Lease) Holder() string { return l.t.holder }
 
 // Context is cancelled when the lease is lost or released; context.Cause
 // tells which (ErrLost or ErrReleased, wrapped with the reason).
@@ -199,7 +234,7 @@ func (l *Lease) trustDeadlinePassed() {
 // renewal sent, or checks the connection of a session lease.
 func (l *Lease) keepalive(lastSent time.Time) {
 	defer close(l.keepaliveDone)
-	timer := time.NewTimer(time.Until(lastSent.Add(l.c.cfg.RenewInterval)))
+	timer := time.NewTimer(time.Until(lastSent.Add(l.t.renew)))
 	defer timer.Stop()
 	for {
 		select {
@@ -211,14 +246,14 @@ func (l *Lease) keepalive(lastSent time.Time) {
 		}
 		if l.session != nil {
 			l.checkSession()
-			timer.Reset(l.c.cfg.RenewInterval)
+			timer.Reset(l.t.renew)
 			continue
 		}
 		sent, err := l.renewUntilDeadline()
 		if err != nil {
 			return // lost
 		}
-		timer.Reset(time.Until(sent.Add(l.c.cfg.RenewInterval)))
+		timer.Reset(time.Until(sent.Add(l.t.renew)))
 	}
 }
 
@@ -245,7 +280,7 @@ func (l *Lease) renewUntilDeadline() (time.Time, error) {
 			return time.Time{}, ErrReleased
 		case <-l.ctx.Done():
 			return time.Time{}, l.Err()
-		case <-time.After(l.c.cfg.RetryInterval):
+		case <-time.After(l.t.retry):
 		}
 	}
 }
@@ -260,7 +295,7 @@ func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	sent := time.Now()
-	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.c.cfg.TTL)
+	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.t.ttl)
 	if err != nil {
 		return sent, err
 	}
@@ -274,7 +309,7 @@ func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
 		return sent, l.Err() // the deadline passed while we waited: loss is final
 	}
 	l.expiresAt = exp
-	if d := sent.Add(l.c.cfg.TTL - l.c.cfg.SafetyMargin); d.After(l.deadline) {
+	if d := sent.Add(l.t.ttl - l.t.margin); d.After(l.deadline) {
 		l.deadline = d
 		l.lossTimer.Reset(time.Until(d))
 	}
@@ -284,7 +319,7 @@ func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
 // checkSession pings the dedicated connection of a session lease; a broken
 // connection means the server has ended (or will end) the lease.
 func (l *Lease) checkSession() {
-	ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.RenewInterval)
+	ctx, cancel := context.WithTimeout(l.ctx, l.t.renew)
 	defer cancel()
 	if err := l.session.Ping(ctx); err != nil && l.ctx.Err() == nil {
 		l.lose("the session holding the lease failed", err)
@@ -344,7 +379,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if lostBefore {
 		// Lost already: the server may be unreachable (that may be why).
 		// One attempt, bounded, and no error: the lease is over either way.
-		bctx, cancel := context.WithTimeout(ctx, min(l.c.cfg.RetryInterval, time.Second))
+		bctx, cancel := context.WithTimeout(ctx, min(l.t.retry, time.Second))
 		defer cancel()
 		var db sqlfuncs.DB = l.c.pool
 		if l.session != nil {
@@ -377,7 +412,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("pgfence: releasing %s (it ends on its own at expiry): %w", l.resource, errors.Join(err, ctx.Err()))
-		case <-time.After(l.c.cfg.RetryInterval):
+		case <-time.After(l.t.retry):
 		}
 	}
 }

@@ -89,6 +89,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, 3*time.Second, cfg.SafetyMargin)
 	require.Equal(t, time.Second, cfg.RetryInterval)
 	require.Equal(t, time.Second, cfg.PollInterval)
+	require.Equal(t, slog.DiscardHandler, cfg.Logger.Handler(), "quiet unless given a logger (not slog.Default)")
 	require.Regexp(t, `^.+/\d+/[0-9a-f]{8}$`, c.Holder())
 	other, err := gofence.New(pool, nil)
 	require.NoError(t, err)
@@ -407,4 +408,62 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), base, "goroutines left behind")
+}
+
+// With ReleaseOnClose, Close releases what the client still holds (TTL and
+// session leases), so nothing keeps renewing itself and the next holder need
+// not wait for a TTL. Without it the leases outlive Close (pgfence acquire
+// hands its token to another process). Either way a closed client grants
+// nothing more.
+func TestClose(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ReleaseOnClose releases the leases still held", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet, ReleaseOnClose: true})
+		require.NoError(t, err)
+		ttl, err := c.Acquire(b.ctx, "job")
+		require.NoError(t, err)
+		session, err := c.AcquireSession(b.ctx, "session-job")
+		require.NoError(t, err)
+		released, err := c.Acquire(b.ctx, "released")
+		require.NoError(t, err)
+		require.NoError(t, released.Release(b.ctx))
+
+		c.Close() // returns once the releases are done
+		for _, l := range []*gofence.Lease{ttl, session} {
+			require.ErrorIs(t, l.Err(), gofence.ErrReleased, l.Resource())
+			require.False(t, b.serverLive(t, l.Resource()), "%s is still live on the server after Close", l.Resource())
+		}
+		c.Close() // idempotent
+	})
+
+	t.Run("by default the leases outlive Close", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet})
+		require.NoError(t, err)
+		l, err := c.Acquire(b.ctx, "job")
+		require.NoError(t, err)
+		c.Close()
+		require.NoError(t, l.Err())
+		require.True(t, b.serverLive(t, "job"))
+		require.NoError(t, l.Release(b.ctx))
+	})
+
+	t.Run("a closed client grants nothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet})
+		require.NoError(t, err)
+		c.Close()
+		_, err = c.Acquire(b.ctx, "job")
+		require.ErrorIs(t, err, gofence.ErrClosed)
+		_, err = c.Lock(b.ctx, "job")
+		require.ErrorIs(t, err, gofence.ErrClosed)
+		_, err = c.AcquireSession(b.ctx, "job")
+		require.ErrorIs(t, err, gofence.ErrClosed)
+		require.False(t, b.serverLive(t, "job"))
+	})
 }

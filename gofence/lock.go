@@ -16,8 +16,39 @@ import (
 // PollInterval (jittered) or when the held lease expires by the server's
 // clock, whichever comes first (soon, when the lease turned out to have
 // ended already), so lost notifications and poolers that block LISTEN cost
-// latency, never progress.
-func (c *Client) Lock(ctx context.Context, resource string) (*Lease, error) {
+// latency, never progress. Options (WithHolder, WithTTL) override the
+// Client's Config for this lease.
+func (c *Client) Lock(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
+	t, err := c.leaseTimings(opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.wait(ctx, resource, func() (*Lease, error) {
+		return c.acquire(ctx, resource, !c.cfg.DisableNotify, t)
+	})
+}
+
+// LockSession is the waiting variant of AcquireSession: it waits until it
+// is granted a session lease on resource, or ctx is done. It asks again
+// every PollInterval (jittered), when a TTL holder's lease expires by the
+// server's clock, and when a release notification for resource arrives;
+// fence.acquire_session cannot ask the holder's release to send one (as
+// fence.acquire does for Lock), so a release is usually noticed by polling:
+// lower Config.PollInterval for a faster handoff. It holds a pool
+// connection only while it asks, and a dedicated one once granted.
+func (c *Client) LockSession(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
+	t, err := c.sessionTimings(opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.wait(ctx, resource, func() (*Lease, error) {
+		return c.acquireSession(ctx, resource, t)
+	})
+}
+
+// wait calls try until it grants a lease, fails with an error that is
+// neither "held" nor transient, or ctx is done.
+func (c *Client) wait(ctx context.Context, resource string, try func() (*Lease, error)) (*Lease, error) {
 	var wake <-chan struct{}
 	if !c.cfg.DisableNotify {
 		ch, unsubscribe := c.notifier().subscribe(resource)
@@ -28,7 +59,7 @@ func (c *Client) Lock(ctx context.Context, resource string) (*Lease, error) {
 	defer timer.Stop()
 	<-timer.C
 	for {
-		l, err := c.acquire(ctx, resource, !c.cfg.DisableNotify)
+		l, err := try()
 		if err == nil {
 			return l, nil
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-migrate/migrate/v4/database"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -357,4 +358,212 @@ func TestUpstreamMigrateCLIGivesTheSameSchema(t *testing.T) {
 	var n int
 	require.NoError(t, viaCLI.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = 'fence'`).Scan(&n))
 	require.Zero(t, n)
+}
+
+// limitedPool opens a pool of at most two connections on db as role, the
+// size at which one connection kept by a failed call shows up at once.
+func limitedPool(t *testing.T, db *pgtest.DB, role string) *pgxpool.Pool {
+	t.Helper()
+	return closingPool(t, db.URLAs(role), 2)
+}
+
+// closingPool opens a pool of maxConns connections on url whose cleanup
+// reports a Close that waits for a connection never handed back, instead of
+// hanging the test binary.
+func closingPool(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		closed := make(chan struct{})
+		go func() { pool.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Errorf("pool.Close still waits after 10s for a connection that was never handed back: %+v", pool.Stat())
+		}
+	})
+	return pool
+}
+
+// returns runs call and fails the test if it is still running well after
+// ctx ended (a call that ignores its context would otherwise hang the test
+// binary instead of failing the test).
+func returns(t *testing.T, ctx context.Context, call func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the call is still blocked 10s after its context ended (%v)", context.Cause(ctx))
+		return nil
+	}
+}
+
+// requireAllConnsFree checks that the pool can still lend every one of its
+// connections at once: nothing kept one. (A broken connection handed back is
+// closed by the pool in the background; Acquire waits for its slot.)
+func requireAllConnsFree(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var conns []*pgxpool.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range pool.Config().MaxConns {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err, "a connection is still checked out: %+v", pool.Stat())
+		conns = append(conns, c)
+	}
+}
+
+func versionTableExists(t *testing.T, ctx context.Context, db *pgtest.DB) bool {
+	t.Helper()
+	var exists bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass('public.fence_schema_migrations') IS NOT NULL`).Scan(&exists))
+	return exists
+}
+
+// TestMigrationCallsAsLimitedRolesHandEveryConnectionBack: golang-migrate
+// keeps a connection when WithInstance fails (here: no CREATE on schema
+// public for its version table). With two connections in the pool, a third
+// call used to wait for a connection forever, past its context.
+func TestMigrationCallsAsLimitedRolesHandEveryConnectionBack(t *testing.T) {
+	t.Parallel()
+
+	t.Run("owner with CREATE on the database but not on schema public", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		owner := pgtest.NewRole(t, "owner")
+		db := pgtest.Empty(t)
+		for _, sql := range []string{
+			`GRANT CREATE ON DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` TO ` + pgx.Identifier{owner}.Sanitize(),
+			`REVOKE CREATE ON SCHEMA public FROM PUBLIC`, // the default before PostgreSQL 15
+		} {
+			_, err := db.Pool.Exec(ctx, sql)
+			require.NoError(t, err)
+		}
+		pool := limitedPool(t, db, owner)
+
+		for range 4 {
+			err := returns(t, ctx, func() error {
+				v, dirty, err := gofence.MigrationVersion(ctx, pool)
+				require.Zero(t, v)
+				require.False(t, dirty)
+				return err
+			})
+			require.NoError(t, err)
+		}
+		for range 3 {
+			err := returns(t, ctx, func() error { return gofence.Migrate(ctx, pool) })
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(err, &pgErr), "%v", err)
+			require.Equal(t, "42501", pgErr.Code, "no CREATE on schema public: %v", err)
+		}
+		requireAllConnsFree(t, pool)
+		require.False(t, versionTableExists(t, ctx, db))
+	})
+
+	t.Run("application role on an installed kit", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		app := pgtest.NewRole(t, "app")
+		db := pgtest.Setup(t)
+		require.NoError(t, sqlfuncs.GrantUsage(ctx, db.Pool, app, false))
+		pool := limitedPool(t, db, app)
+
+		for range 4 {
+			err := returns(t, ctx, func() error {
+				v, dirty, err := gofence.MigrationVersion(ctx, pool)
+				require.Equal(t, uint(migrations.Latest), v)
+				require.False(t, dirty)
+				return err
+			})
+			require.NoError(t, err)
+		}
+		for range 3 {
+			err := returns(t, ctx, func() error { return gofence.Migrate(ctx, pool) })
+			require.Error(t, err, "an application role cannot migrate")
+		}
+		requireAllConnsFree(t, pool)
+	})
+}
+
+// TestMigrationCallsEndWithTheirContext: golang-migrate waits for its
+// advisory lock with context.Background(); a call must still return when its
+// own context ends, and give its connection back.
+func TestMigrationCallsEndWithTheirContext(t *testing.T) {
+	t.Parallel()
+	for name, call := range map[string]func(context.Context, *pgxpool.Pool) error{
+		"MigrationVersion": func(ctx context.Context, p *pgxpool.Pool) error {
+			_, _, err := gofence.MigrationVersion(ctx, p)
+			return err
+		},
+		"Migrate": gofence.Migrate,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.Setup(t)
+			pool := closingPool(t, db.URL, 2)
+			holder := db.Conn(t)
+			id, err := database.GenerateAdvisoryLockId(db.Name, "public", migrations.Table)
+			require.NoError(t, err)
+			_, err = holder.Exec(t.Context(), `SELECT pg_advisory_lock($1)`, id)
+			require.NoError(t, err)
+
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- call(ctx, pool) }()
+			waitForQuery(t, db, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'advisory')`)
+			cancel()
+			wctx, wcancel := context.WithTimeout(t.Context(), time.Minute)
+			defer wcancel()
+			err = returns(t, wctx, func() error { return <-done })
+			require.ErrorIs(t, err, context.Canceled)
+			requireAllConnsFree(t, pool)
+		})
+	}
+}
+
+// waitFor polls query (a boolean) until it answers true.
+func waitForQuery(t *testing.T, db *pgtest.DB, query string) {
+	t.Helper()
+	for {
+		var ok bool
+		require.NoError(t, db.Pool.QueryRow(t.Context(), query).Scan(&ok))
+		if ok {
+			return
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("never true: %s", query)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// TestMigrationVersionOnlyReads: reading the version of a database that
+// never had the kit leaves it without fence_schema_migrations.
+func TestMigrationVersionOnlyReads(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	requireVersion(t, ctx, db.Pool, 0)
+	require.False(t, versionTableExists(t, ctx, db))
 }

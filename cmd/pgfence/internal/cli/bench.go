@@ -108,7 +108,7 @@ role needs CREATEDB. The default run takes about a minute and a half.`,
 	f.StringVar(&clients, "clients", "", "comma-separated client counts for grant and scaling (default 1,4,16 and 1,2,4,8,16,32); guarded and scale use the largest up to 4")
 	f.StringVar(&o.scenario, "scenario", "all", "all, or one of "+strings.Join(benchScenarios, ", "))
 	f.StringVar(&o.chartDir, "chart-dir", "", "write SVG charts (bench-client-scaling.svg, bench-handoff.svg) into this directory")
-	f.IntVar(&o.bigResources, "big-resources", 100_000, "rows in the lease table for the big side of scale (the issue's target is stated at 1000000)")
+	f.IntVar(&o.bigResources, "big-resources", 100_000, "rows in the lease table for the big side of scale (the target in docs/benchmarks.md is stated at 1000000)")
 	f.IntVar(&o.waiters, "waiters", 4, "clients waiting in Lock for the handoff scenario")
 	f.DurationVar(&o.pollInterval, "poll-interval", 100*time.Millisecond, "gofence PollInterval of the polling-only handoff")
 	return cmd
@@ -201,7 +201,6 @@ func runBench(ctx context.Context, g *globals, o benchOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	defer admin.Close()
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	b := &bench{
@@ -210,6 +209,7 @@ func runBench(ctx context.Context, g *globals, o benchOptions) (err error) {
 		log:    slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		report: &benchReport{},
 	}
+	defer b.closePool(admin)
 	defer func() {
 		// Drop even when ctx was cancelled (Ctrl-C): the bench leaves nothing behind.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -373,7 +373,7 @@ func (b *bench) createDB(ctx context.Context, suffix string, maxConns int32, par
 		return nil, nil, err
 	}
 	if err := gofence.Migrate(ctx, pool); err != nil {
-		pool.Close()
+		b.closePool(pool)
 		return nil, nil, err
 	}
 	return pool, rt, nil
@@ -394,6 +394,27 @@ func (b *bench) openPool(ctx context.Context, name string, maxConns int32, param
 		return nil, nil, err
 	}
 	return pool, rt, nil
+}
+
+// poolCloseWait bounds how long closing a pool of the bench waits for
+// connections still checked out.
+const poolCloseWait = 10 * time.Second
+
+// closePool closes pool. Every connection the bench takes is handed back by
+// a deferred release, so Close returns at once; if one ever was not, the
+// bench reports it and goes on instead of waiting forever (pgxpool's Close
+// waits for every checked-out connection).
+func (b *bench) closePool(pool *pgxpool.Pool) {
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	t := time.NewTimer(poolCloseWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		b.log.Error("pgfence bench: a connection was never handed back; not waiting for it (a bug: please report it)",
+			"database", pool.Config().ConnConfig.Database, "checked_out", pool.Stat().AcquiredConns())
+	}
 }
 
 // benchEnv is the main bench database, shared by every scenario but scale.
@@ -421,10 +442,10 @@ func (b *bench) setup(ctx context.Context) (*benchEnv, error) {
 	}
 	client, err := gofence.New(pool, &gofence.Config{Holder: "pgfence-bench", Logger: b.log})
 	if err != nil {
-		pool.Close()
+		b.closePool(pool)
 		return nil, err
 	}
-	env := &benchEnv{pool: pool, rt: rt, client: client, close: func() { client.Close(); pool.Close() }}
+	env := &benchEnv{pool: pool, rt: rt, client: client, close: func() { client.Close(); b.closePool(pool) }}
 	stmts := []string{benchLeaseTable}
 	for _, t := range []string{"bench_guarded", "bench_unguarded"} {
 		stmts = append(stmts, fmt.Sprintf(benchWriteTable, t), fmt.Sprintf(benchWriteRows, t))
@@ -558,7 +579,7 @@ type benchFact struct {
 	Unit  string  `json:"unit"`
 }
 
-// benchTarget is a figure held against a target of issue 6.
+// benchTarget is a figure held against its target (docs/benchmarks.md).
 type benchTarget struct {
 	Name   string  `json:"name"`
 	Value  float64 `json:"value"`
@@ -620,7 +641,7 @@ func printScenario(w io.Writer, s *scenarioResult) {
 }
 
 func printTargets(w io.Writer, r *benchReport) {
-	fmt.Fprintf(w, "\n== targets (issue 6) ==\n")
+	fmt.Fprintf(w, "\n== targets (docs/benchmarks.md) ==\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "target\tvalue\tneeds\tmet")
 	for _, t := range r.Targets {

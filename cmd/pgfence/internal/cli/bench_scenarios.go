@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/gofence"
@@ -228,7 +229,7 @@ func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *scenarioR
 	if err != nil {
 		return err
 	}
-	defer off.Close()
+	defer b.closePool(off)
 	l, err := env.client.Acquire(ctx, guardResource)
 	if err != nil {
 		return err
@@ -455,22 +456,88 @@ type leaseStats struct {
 	upd, hot, dead, live, size, autovacuums int64
 }
 
-// readLeaseStats makes every idle connection of pool flush its pending
-// statistics, then reads those of fence.lease.
-func readLeaseStats(ctx context.Context, pool *pgxpool.Pool) (leaseStats, error) {
-	for _, c := range pool.AcquireAllIdle(ctx) {
+// statsReportWait is how long the bench waits for backends to report their
+// statistics on their own, where it cannot make them flush: a backend
+// reports at the end of a transaction at most every 500ms before
+// PostgreSQL 15 (PGSTAT_STAT_INTERVAL), and after at most 1s idle from 15.
+const statsReportWait = 1100 * time.Millisecond
+
+// readLeaseStats reads the statistics of fence.lease once every idle
+// connection of pool has reported what it did. From PostgreSQL 15,
+// pg_stat_force_next_flush() makes each report at once. On PostgreSQL 13 and
+// 14 (a stats collector, no such function), and for a role without EXECUTE
+// on it (superusers only by default), the bench waits for the server's own
+// reporting instead, and note says so: the figures are then as fresh as the
+// server's reporting interval allows.
+func readLeaseStats(ctx context.Context, pool *pgxpool.Pool) (st leaseStats, note string, err error) {
+	flushed, err := flushStats(ctx, pool)
+	if err != nil {
+		return st, "", fmt.Errorf("flushing statistics: %w", err)
+	}
+	if !flushed {
+		note = fmt.Sprintf("statistics read without pg_stat_force_next_flush() (PostgreSQL before 15, or no EXECUTE on it): "+
+			"the bench waited %s for the server to report them, so the counts may lag a little", 2*statsReportWait)
+	}
+	if _, err := pool.Exec(ctx, benchClearStats); err != nil {
+		return st, note, err
+	}
+	err = pool.QueryRow(ctx, benchLeaseStats).Scan(&st.upd, &st.hot, &st.dead, &st.live, &st.size, &st.autovacuums)
+	return st, note, err
+}
+
+// flushStats makes every idle connection of pool report its pending
+// statistics. It holds those connections until it returns, whatever happens,
+// and hands every one of them back. flushed is false when the server could
+// not be asked to flush; it then waited for the server's own reporting.
+func flushStats(ctx context.Context, pool *pgxpool.Pool) (flushed bool, err error) {
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for _, c := range conns {
 		_, err := c.Exec(ctx, benchFlushStats)
-		c.Release()
-		if err != nil {
-			return leaseStats{}, err
+		if err == nil {
+			continue
+		}
+		// undefined_function (before 15) or insufficient_privilege (not a
+		// superuser): the server cannot be asked; anything else is an error.
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "42883" && pgErr.Code != "42501") {
+			return false, err
+		}
+		return false, awaitStatsReport(ctx, conns)
+	}
+	return true, nil
+}
+
+// awaitStatsReport lets the server's reporting interval pass, ends a
+// transaction on every connection (which is when a backend of PostgreSQL 13
+// and 14 reports), then lets the interval pass again so that a reader's
+// snapshot (at most that old) includes the reports.
+func awaitStatsReport(ctx context.Context, conns []*pgxpool.Conn) error {
+	if err := sleepCtx(ctx, statsReportWait); err != nil {
+		return err
+	}
+	for _, c := range conns {
+		if _, err := c.Exec(ctx, selectOne); err != nil {
+			return err
 		}
 	}
-	var st leaseStats
-	if _, err := pool.Exec(ctx, benchClearStats); err != nil {
-		return st, err
+	return sleepCtx(ctx, statsReportWait)
+}
+
+// sleepCtx waits for d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	err := pool.QueryRow(ctx, benchLeaseStats).Scan(&st.upd, &st.hot, &st.dead, &st.live, &st.size, &st.autovacuums)
-	return st, err
 }
 
 func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
@@ -479,12 +546,12 @@ func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
 	if err != nil {
 		return err
 	}
-	defer small.Close()
+	defer b.closePool(small)
 	big, _, err := b.createDB(ctx, "_sbig", int32(c+4), nil)
 	if err != nil {
 		return err
 	}
-	defer big.Close()
+	defer b.closePool(big)
 	start := time.Now()
 	if err := prefill(ctx, small, "s-", scaleSmall, false); err != nil {
 		return err
@@ -514,7 +581,7 @@ func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
 	}
 	s.atLeast(fmt.Sprintf("grant throughput at %d / at %d resources", b.o.bigResources, scaleSmall), cmps[0].Ratio.Median, 0.8)
 	if b.o.bigResources < 1_000_000 {
-		s.Notes = append(s.Notes, fmt.Sprintf("the big side has %d resources, not the 1,000,000 of the issue's target: run with --big-resources 1000000 for that", b.o.bigResources))
+		s.Notes = append(s.Notes, fmt.Sprintf("the big side has %d resources, not the 1,000,000 of the documented target: run with --big-resources 1000000 for that", b.o.bigResources))
 	}
 	return b.renewLoop(ctx, small, cs, c, s)
 }
@@ -536,9 +603,12 @@ func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofen
 		}
 		leases = append(leases, l)
 	}
-	before, err := readLeaseStats(ctx, pool)
+	before, note, err := readLeaseStats(ctx, pool)
 	if err != nil {
 		return err
+	}
+	if note != "" {
+		s.Notes = append(s.Notes, note)
 	}
 	loop := time.Duration(5*b.o.rounds) * b.o.duration
 	r, err := workload{name: "renew", clients: c, worker: func(_ context.Context, id int) (func(context.Context) error, func(), error) {
@@ -554,7 +624,7 @@ func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofen
 	if r.errs > 0 {
 		return fmt.Errorf("%d renewals failed, first: %w", r.errs, r.firstErr)
 	}
-	after, err := readLeaseStats(ctx, pool)
+	after, _, err := readLeaseStats(ctx, pool)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,104 @@
+package gofence_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/gofence"
+)
+
+// One Client serves two named workers with their own TTLs: the holder and
+// the TTL are per call, not only per Client.
+func TestPerCallHolderAndTTL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{Holder: "default", TTL: time.Minute})
+
+	one, err := c.Acquire(b.ctx, "a", gofence.WithHolder("worker-1"), gofence.WithTTL(5*time.Second))
+	require.NoError(t, err)
+	defer one.Release(b.ctx)
+	two, err := c.Lock(b.ctx, "b", gofence.WithHolder("worker-2"))
+	require.NoError(t, err)
+	defer two.Release(b.ctx)
+	plain, err := c.Acquire(b.ctx, "c")
+	require.NoError(t, err)
+	defer plain.Release(b.ctx)
+
+	for _, tc := range []struct {
+		lease  *gofence.Lease
+		holder string
+		ttl    time.Duration
+	}{{one, "worker-1", 5 * time.Second}, {two, "worker-2", time.Minute}, {plain, "default", time.Minute}} {
+		require.Equal(t, tc.holder, tc.lease.Holder())
+		info, ok, err := c.LeaseOf(b.ctx, tc.lease.Resource())
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, tc.holder, info.Holder)
+		require.InDelta(t, tc.ttl.Seconds(), info.ExpiresAt.Sub(info.AcquiredAt).Seconds(), 0.5, "the server's expiry follows the lease's TTL")
+		require.LessOrEqual(t, time.Until(tc.lease.TrustDeadline()), tc.ttl, "the local trust deadline follows the lease's TTL")
+	}
+
+	err = c.Do(b.ctx, "d", &gofence.DoOptions{Holder: "worker-3", TTL: 2 * time.Second}, func(ctx context.Context, l *gofence.Lease) error {
+		require.Equal(t, "worker-3", l.Holder())
+		return nil
+	})
+	require.NoError(t, err)
+
+	for name, opts := range map[string][]gofence.LeaseOption{
+		"ttl too short":   {gofence.WithTTL(time.Millisecond)},
+		"ttl too long":    {gofence.WithTTL(25 * time.Hour)},
+		"holder too long": {gofence.WithHolder(strings.Repeat("x", 256))},
+	} {
+		_, err := c.Acquire(b.ctx, "e", opts...)
+		require.Error(t, err, name)
+	}
+	_, err = c.AcquireSession(b.ctx, "e", gofence.WithTTL(time.Second))
+	require.Error(t, err, "a session lease has no TTL")
+
+	// A Config that set its intervals explicitly must fit a per-call TTL.
+	fixed := b.client(t, nil, gofence.Config{TTL: time.Minute, RenewInterval: 20 * time.Second})
+	_, err = fixed.Acquire(b.ctx, "f", gofence.WithTTL(10*time.Second))
+	require.Error(t, err, "RenewInterval 20s does not fit a 10s TTL")
+}
+
+// LockSession waits for a session lease as Lock waits for a TTL lease.
+func TestLockSessionWaitsForTheHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{PollInterval: 20 * time.Millisecond})
+	first, err := c.AcquireSession(b.ctx, "job", gofence.WithHolder("first"))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(b.ctx)
+	cancel()
+	_, err = c.LockSession(ctx, "job")
+	require.ErrorIs(t, err, context.Canceled, "a waiter gives up with its context")
+
+	got := make(chan *gofence.Lease, 1)
+	errs := make(chan error, 1)
+	go func() {
+		l, err := c.LockSession(b.ctx, "job", gofence.WithHolder("second"))
+		if err != nil {
+			errs <- err
+			return
+		}
+		got <- l
+	}()
+	require.NoError(t, first.Release(b.ctx))
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	case second := <-got:
+		defer second.Release(b.ctx)
+		require.Greater(t, second.Token(), first.Token())
+		info, ok, err := c.LeaseOf(b.ctx, "job")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, "session", info.Kind)
+		require.Equal(t, "second", info.Holder)
+	}
+}
