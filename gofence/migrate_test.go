@@ -541,7 +541,7 @@ func TestMigrationCallsEndWithTheirContext(t *testing.T) {
 	}
 }
 
-// waitFor polls query (a boolean) until it answers true.
+// waitForQuery polls query (a boolean) until it answers true.
 func waitForQuery(t *testing.T, db *pgtest.DB, query string) {
 	t.Helper()
 	for {
