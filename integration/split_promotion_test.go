@@ -172,6 +172,11 @@ func TestSplitPromotionOfStandbyThatFollowsTheNewPrimary(t *testing.T) {
 		c2 := connect(t, ctx, s2.URL(), false)
 		_, err := c2.Exec(ctx, fmt.Sprintf("ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=%d user=postgres'", s1.Port()))
 		require.NoError(t, err)
+		// A standby built from a copy of the data directory (no
+		// pg_basebackup of the server's version here) streams through a
+		// replication slot of the old primary, which standby 1 does not have.
+		_, err = c2.Exec(ctx, "ALTER SYSTEM SET primary_slot_name = ''")
+		require.NoError(t, err)
 		_, err = c2.Exec(ctx, "SELECT pg_reload_conf()")
 		require.NoError(t, err)
 		// It can follow only if it did not replay past the point where
