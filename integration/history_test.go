@@ -790,7 +790,13 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 	t.Helper()
 	s := w.schema()
 	st := dbState{txs: map[int64]txRec{}, orphans: map[int64]int{}, final: map[string]int64{}}
-	rows, err := conn.Query(ctx, `SELECT res, tok, kind, worker, acquired_at, coalesce(expires_at, acquired_at), seq FROM `+s+`.grant_log`)
+	// One snapshot for every read: a worker's COMMIT that the server
+	// finishes after the worker gave up on it (its context ended) must be
+	// seen in all the tables or in none.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `SELECT res, tok, kind, worker, acquired_at, coalesce(expires_at, acquired_at), seq FROM `+s+`.grant_log`)
 	require.NoError(t, err)
 	st.grants, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (grantRec, error) {
 		var g grantRec
@@ -798,7 +804,7 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 		return g, err
 	})
 	require.NoError(t, err)
-	rows, err = conn.Query(ctx, `SELECT res, tok, expires_at, seq FROM `+s+`.renew_log`)
+	rows, err = tx.Query(ctx, `SELECT res, tok, expires_at, seq FROM `+s+`.renew_log`)
 	require.NoError(t, err)
 	st.renews, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (renewRec, error) {
 		var x renewRec
@@ -806,7 +812,7 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 		return x, err
 	})
 	require.NoError(t, err)
-	rows, err = conn.Query(ctx, `SELECT res, tok, ended_at, seq FROM `+s+`.end_log`)
+	rows, err = tx.Query(ctx, `SELECT res, tok, ended_at, seq FROM `+s+`.end_log`)
 	require.NoError(t, err)
 	st.ends, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (endRec, error) {
 		var x endRec
@@ -819,7 +825,7 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 	for j := range w.resources {
 		parts = append(parts, `SELECT txid FROM `+w.table("tc", j), `SELECT txid FROM `+w.table("ut", j))
 	}
-	rows, err = conn.Query(ctx, `SELECT g.txid, count(*), l.txid IS NOT NULL, coalesce(l.res, ''), coalesce(l.tok, 0), coalesce(l.nrows, 0), coalesce(l.seq, 0)
+	rows, err = tx.Query(ctx, `SELECT g.txid, count(*), l.txid IS NOT NULL, coalesce(l.res, ''), coalesce(l.tok, 0), coalesce(l.nrows, 0), coalesce(l.seq, 0)
 		FROM (`+strings.Join(parts, " UNION ALL ")+`) g LEFT JOIN `+s+`.txlog l USING (txid)
 		GROUP BY g.txid, l.txid, l.res, l.tok, l.nrows, l.seq
 		UNION ALL
@@ -838,7 +844,7 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 	}
 	require.NoError(t, rows.Err())
 
-	rows, err = conn.Query(ctx, `SELECT resource, token FROM fence.leases WHERE resource LIKE $1`, s+"/%")
+	rows, err = tx.Query(ctx, `SELECT resource, token FROM fence.leases WHERE resource LIKE $1`, s+"/%")
 	require.NoError(t, err)
 	for rows.Next() {
 		var res string
