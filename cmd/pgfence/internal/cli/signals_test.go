@@ -93,7 +93,9 @@ func TestRunSecondSignalKillsACommandThatIgnoresThem(t *testing.T) {
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM)) // a second, distinct signal: never merged with the first
-	require.Equal(t, 128+int(syscall.SIGTERM), exitCode(t, cmd), "stderr: %s", stderr.String())
+	// run's own loop and main's second-signal exit race to end pgfence:
+	// either way it is 128+N, N being one of the two signals.
+	require.Contains(t, []int{128 + int(syscall.SIGINT), 128 + int(syscall.SIGTERM)}, exitCode(t, cmd), "stderr: %s", stderr.String())
 	require.Eventually(t, func() bool { return !processRunning(pid) }, 10*time.Second, 10*time.Millisecond,
 		"the command outlived pgfence")
 }
