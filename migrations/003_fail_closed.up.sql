@@ -396,8 +396,8 @@ CREATE FUNCTION fence._registered_token(res text, op text, rel oid) RETURNS bigi
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    m   text := pg_catalog.current_setting('fence.tokens', true);
-    tok bigint;
+    m   pg_catalog.text := pg_catalog.current_setting('fence.tokens', true);
+    tok pg_catalog.int8;
 BEGIN
     IF m OPERATOR(pg_catalog.<>) '' THEN
         tok := (m::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::bigint;
@@ -456,19 +456,23 @@ $$;
 -- failing path.
 --
 -- The guard runs with the writer's rights and search_path (pinning one would
--- cost a setting change per row): every name and operator below is
--- schema-qualified, and the bigint column is read directly (no casts of user
--- types run).
+-- cost a setting change per row): every name, operator and type below is
+-- schema-qualified, the declared variables' types too (PL/pgSQL resolves
+-- them through the writer's search_path when it compiles the guard in the
+-- writer's session, and pg_temp is searched for types before pg_catalog: a
+-- temporary type named text, with casts of the writer's, redirected the
+-- resource name to another resource; TestShadowedTextTypeRedirectsTheGuard),
+-- and the bigint column is read directly (no casts of user types run).
 CREATE FUNCTION fence._guard_source(col name) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $f$
     SELECT pg_catalog.concat(
 $s$
 DECLARE
-    res    text := TG_ARGV[0];
-    tok    bigint;
-    latest bigint;
-    reg    text;
+    res    pg_catalog.text := TG_ARGV[0];
+    tok    pg_catalog.int8;
+    latest pg_catalog.int8;
+    reg    pg_catalog.text;
 BEGIN
 $s$,
         CASE WHEN col IS NOT NULL THEN pg_catalog.replace(
@@ -587,10 +591,10 @@ CREATE OR REPLACE FUNCTION fence._guard_row() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    res text := TG_ARGV[0];
-    col text := TG_ARGV[1];
-    tok bigint;
-    old_tok bigint;
+    res pg_catalog.text := TG_ARGV[0];
+    col pg_catalog.text := TG_ARGV[1];
+    tok pg_catalog.int8;
+    old_tok pg_catalog.int8;
 BEGIN
     IF col IS NOT NULL AND TG_OP OPERATOR(pg_catalog.<>) 'DELETE' THEN
         tok := (pg_catalog.to_jsonb(NEW) OPERATOR(pg_catalog.->>) col)::bigint;
