@@ -481,21 +481,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION fence.use_token(resource text, token bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_variable
-DECLARE
-    m jsonb;
-BEGIN
-    PERFORM fence.check(resource, token);
-    m := coalesce(nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb, '{}'::jsonb);
-    PERFORM pg_catalog.set_config('fence.tokens',
-        pg_catalog.jsonb_set(m, ARRAY[resource], pg_catalog.to_jsonb(token))::text, true);
-END
-$$;
-
 -- View and privileges of 001.
 DROP VIEW fence.protected;
 CREATE VIEW fence.protected AS

@@ -351,39 +351,6 @@ BEGIN
 END
 $$;
 
--- fence.use_token as in 001, with the READ COMMITTED check done here (the
--- same two steps as fence.check: the gate shared, then the latest token)
--- instead of through a second security definer call, which cost a
--- search_path switch of its own; fence.check still runs for every other
--- isolation level and raises every error. The registry is created directly
--- when the transaction has none yet.
-CREATE OR REPLACE FUNCTION fence.use_token(resource text, token bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_variable
-DECLARE
-    latest bigint;
-    m      text;
-BEGIN
-    IF (fence._name_ok(resource) AND token > 0) IS TRUE
-       AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
-        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource;
-    END IF;
-    IF latest IS NULL OR latest <> token THEN
-        PERFORM fence.check(resource, token);
-    END IF;
-    m := pg_catalog.current_setting('fence.tokens', true);
-    IF m IS NULL OR m = '' THEN
-        PERFORM pg_catalog.set_config('fence.tokens', pg_catalog.jsonb_build_object(resource, token)::text, true);
-    ELSE
-        PERFORM pg_catalog.set_config('fence.tokens',
-            pg_catalog.jsonb_set(m::jsonb, ARRAY[resource], pg_catalog.to_jsonb(token))::text, true);
-    END IF;
-END
-$$;
-
 -- ---------------------------------------------------------------------------
 -- Guards
 -- ---------------------------------------------------------------------------
