@@ -56,6 +56,19 @@ UNION ALL
 SELECT 'version ' || version || ' dirty=' || dirty FROM fence_schema_migrations
 ORDER BY 1`
 
+// allowDowngrade is a pool on url whose sessions set fence.allow_downgrade,
+// which migration 3's down checks before it steps below 3 with leases.
+func allowDowngrade(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["options"] = "-c fence.allow_downgrade=on"
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // generatedGuards counts the row guards fence.protect generated.
 func generatedGuards(t *testing.T, ctx context.Context, db *pgxpool.Pool) int {
 	t.Helper()
@@ -165,12 +178,7 @@ func TestEveryMigrationStepsDownToThePreviousSchema(t *testing.T) {
 	// Below version 3 a lease row would be forgotten by a further step to 0:
 	// migration 3's down refuses unless the session allows it
 	// (TestMigrateDownRefusesWhileLeasesExist).
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["options"] = "-c fence.allow_downgrade=on"
-	down, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(down.Close)
+	down := allowDowngrade(t, db.URL)
 	for v := uint(migrations.Latest); v >= 1; v-- {
 		require.NoError(t, gofence.MigrateTo(ctx, down, v))
 		requireVersion(t, ctx, db.Pool, v)
@@ -273,12 +281,7 @@ func TestMigrateDownRefusesWhileLeasesExist(t *testing.T) {
 	require.NoError(t, gofence.ForceMigrationVersion(ctx, db.Pool, 3))
 	require.Equal(t, before, catalog(t, ctx, db.Pool), "the refused down changed nothing")
 
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["options"] = "-c fence.allow_downgrade=on"
-	down, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(down.Close)
+	down := allowDowngrade(t, db.URL)
 	require.NoError(t, gofence.MigrateTo(ctx, down, 2))
 	requireVersion(t, ctx, db.Pool, 2)
 }

@@ -72,10 +72,12 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 				fmt.Sprintf("as the owner of %s: REVOKE TRIGGER ON %s FROM %s (grant SELECT, INSERT, UPDATE, DELETE instead of ALL)", t.name, t.name, t.roles))
 		}
 		if t.legacy {
-			protect := fmt.Sprintf("SELECT fence.protect('%s', '%s')", strings.ReplaceAll(t.name, "'", "''"), strings.ReplaceAll(t.resource, "'", "''"))
+			lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+			protect := "SELECT fence.protect(" + lit(t.name) + ", " + lit(t.resource)
 			if t.column != "" {
-				protect = fmt.Sprintf("SELECT fence.protect('%s', '%s', '%s')", strings.ReplaceAll(t.name, "'", "''"), strings.ReplaceAll(t.resource, "'", "''"), strings.ReplaceAll(t.column, "'", "''"))
+				protect += ", " + lit(t.column)
 			}
+			protect += ")"
 			add("protected tables", "warn", fmt.Sprintf("%s keeps the guard of migration 2 (made fail-closed by migration 3, but slower, and an UPDATE that re-assigns the row's own token needs fence.use_token)", t.name),
 				"as the owner of "+t.name+": "+protect)
 		}
