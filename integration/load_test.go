@@ -157,7 +157,9 @@ func TestSustainedLoad(t *testing.T) {
 		return pages
 	}
 	var pages [3]int64
+	var updates [3]int64 // lease updates made in each cycle
 	for half := range 3 {
+		before := grants.Load() + renews.Load() + releases.Load()
 		run, stop := context.WithTimeout(ctx, duration/3)
 		for w := range 8 {
 			wg.Go(func() { worker(run, 100*(half+1)+w) })
@@ -165,6 +167,7 @@ func TestSustainedLoad(t *testing.T) {
 		wg.Wait()
 		stop()
 		pages[half] = pagesAfterVacuum()
+		updates[half] = grants.Load() + renews.Load() + releases.Load() - before
 	}
 	heapAfter := heap()
 
@@ -179,9 +182,14 @@ func TestSustainedLoad(t *testing.T) {
 	require.LessOrEqual(t, rows, resources, "one lease row per resource, whatever the number of grants")
 	// VACUUM may or may not truncate the file's tail (it depends on where
 	// the live versions landed), so compare with the larger of the first two
-	// cycles: the third must not need more.
-	require.LessOrEqual(t, pages[2], max(pages[0], pages[1])+2,
-		"the lease table kept growing after VACUUM: %v pages", pages)
+	// cycles: the third must not need more, beyond a slack far below what a
+	// table that reused no space would add in that cycle (one row version
+	// per update, about 60 per 8 kB page, against a quarter of that here).
+	// Since migration 3 grants are HOT updates too, and the size a run
+	// settles at varies more (7 to 102 pages seen).
+	slack := max(2, updates[2]/240)
+	require.LessOrEqual(t, pages[2], max(pages[0], pages[1])+slack,
+		"the lease table kept growing after VACUUM: %v pages, %v lease updates per cycle", pages, updates)
 	var dead, hot, upd int64
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT n_dead_tup, n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relid = 'fence.lease'::regclass`).Scan(&dead, &hot, &upd))
 
@@ -190,7 +198,7 @@ func TestSustainedLoad(t *testing.T) {
 	require.Less(t, float64(heapAfter), float64(heapBefore)*1.5+4<<20,
 		"Go heap grew from %d to %d bytes", heapBefore, heapAfter)
 	t.Logf("load for %s: %d grants, %d renewals, %d releases, %d writes, %d held, %d stale writes refused after a loss; "+
-		"lease table %d rows, %v pages after each VACUUM, %d of %d updates HOT (renewals and releases are; grants are key updates); heap %d -> %d bytes",
+		"lease table %d rows, %v pages after each VACUUM, %d of %d updates HOT (since migration 3 grants are HOT updates too); heap %d -> %d bytes",
 		duration, grants.Load(), renews.Load(), releases.Load(), writes.Load(), held.Load(), lostWrites.Load(),
 		rows, pages, hot, upd, heapBefore, heapAfter)
 }
