@@ -137,8 +137,22 @@ func Protect(ctx context.Context, db DB, table, resource, tokenColumn string) er
 	return exec(ctx, db, `SELECT fence.protect($1::regclass, $2, $3::name)`, table, resource, nullText(tokenColumn))
 }
 
+// ProtectRows calls fence.protect_rows(table, resource_column, resource_prefix,
+// token_column): it guards table per row. The resource of a row is
+// prefix + the row's resourceColumn as text (resourceColumn "id" and prefix
+// "invoice:" put row 42 under resource "invoice:42"), and a write commits only
+// when it presented the latest token of the resource of every row it wrote:
+// by assigning tokenColumn in the statement, or with UseToken for that
+// row's resource earlier in the transaction (tokenColumn == "": UseToken
+// only). DELETE, moving a row to another resource (its old resource) and
+// TRUNCATE (every resource with rows) need UseToken. Only the table's owner
+// may protect it; Unprotect removes either form.
+func ProtectRows(ctx context.Context, db DB, table, resourceColumn, prefix, tokenColumn string) error {
+	return exec(ctx, db, `SELECT fence.protect_rows($1::regclass, $2::name, $3, $4::name)`, table, resourceColumn, prefix, nullText(tokenColumn))
+}
+
 // Unprotect calls fence.unprotect(table): it removes the guard triggers that
-// Protect installed. Only the table's owner may unprotect it.
+// Protect or ProtectRows installed. Only the table's owner may unprotect it.
 func Unprotect(ctx context.Context, db DB, table string) error {
 	return exec(ctx, db, `SELECT fence.unprotect($1::regclass)`, table)
 }
