@@ -60,7 +60,7 @@ func ExampleMigrate() {
 		log.Fatal(err)
 	}
 	fmt.Println("version", version, "dirty", dirty)
-	// Output: version 3 dirty false
+	// Output: version 4 dirty false
 }
 
 func ExampleClient_Acquire() {

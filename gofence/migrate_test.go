@@ -267,7 +267,7 @@ func TestMigrateDownRefusesWhileLeasesExist(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := pgtest.Empty(t)
-	require.NoError(t, gofence.Migrate(ctx, db.Pool))
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 3)) // the down of 3 is the one that refuses
 	before := catalog(t, ctx, db.Pool)
 	_, ok, err := sqlfuncs.Acquire(ctx, db.Pool, "r", "t", time.Minute)
 	require.NoError(t, err)

@@ -93,6 +93,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 		"check":           sqlfuncs.Check,
 		"use_token":       sqlfuncs.UseToken,
 		"protect":         sqlfuncs.Protect,
+		"protect_rows":    sqlfuncs.ProtectRows,
 		"unprotect":       sqlfuncs.Unprotect,
 		"lock_key":        sqlfuncs.LockKey,
 		"try_lock":        sqlfuncs.TryLock,
