@@ -33,7 +33,8 @@
 -- that writes rows of 100 000 resources needs no max_locks_per_transaction
 -- (TestLargeStatementsStayInTheLockBudget).
 --
--- op and rel only word the errors. SECURITY DEFINER: a row lock needs UPDATE
+-- op and rel only word the errors. (Small statements also take advisory
+-- gates, for fairness only: see below.) SECURITY DEFINER: a row lock needs UPDATE
 -- on fence.lease, which writers do not have; EXECUTE comes with the kit's
 -- usage, so a role without it cannot write a per-row table at all (42501).
 CREATE FUNCTION fence._check_many(res text[], tok bigint[], op text, rel oid) RETURNS void
@@ -44,7 +45,26 @@ DECLARE
     found_n bigint;
     stale   boolean;
     bad     record;
+    gates   text := current_setting('fence._gates', true);
+    held    integer;
 BEGIN
+    -- Fairness, not safety: a FOR KEY SHARE lock never queues behind a
+    -- grant's waiting FOR UPDATE, so writers whose transactions overlap
+    -- could hold a grant off for as long as they keep coming (past
+    -- fence.grant_wait, which bounds each lock wait, not their sum). A
+    -- statement over a few resources therefore also takes their gates in
+    -- share mode (in key order), as the table-wide guard does; a waiting
+    -- grant holds the gate's queue. Bounded so that the lock table never
+    -- fills: at most 16 resources per statement and 64 gates per transaction
+    -- (counted in fence._gates; a forged count only gives up the fairness).
+    IF cardinality(res) <= 16 THEN
+        held := CASE WHEN gates ~ '^[0-9]{1,4}$' THEN gates::integer WHEN coalesce(gates, '') = '' THEN 0 ELSE 64 END;
+        IF held + cardinality(res) <= 64 THEN
+            PERFORM pg_advisory_xact_lock_shared(k)
+               FROM (SELECT DISTINCT fence._gate_key(r) AS k FROM unnest(res) AS r WHERE r IS NOT NULL) g ORDER BY k;
+            PERFORM set_config('fence._gates', (held + cardinality(res))::text, true);
+        END IF;
+    END IF;
     -- Lock and compare in one pass: one index probe per resource (LATERAL,
     -- so that no plan hashes the whole of fence.lease to find a few rows).
     SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
