@@ -349,16 +349,20 @@ func TestLargeStatementsStayInTheLockBudget(t *testing.T) {
 }
 
 // TestPerRowGrantWaitIsBoundedUnderOverlappingWriters is
-// TestGrantWaitIsBoundedUnderOverlappingWriters for a per-row table: row
-// locks alone would let overlapping writers of one resource hold its grant
-// off for as long as they keep coming.
+// TestGrantWaitIsBoundedUnderOverlappingWriters for a per-row table whose
+// resource has many rows (a tenant's ledger): writers adding rows to one
+// resource in overlapping transactions hold its lease row FOR KEY SHARE
+// without a break, and row locks alone would let them hold its grant off
+// for as long as they keep coming (a FOR KEY SHARE lock does not queue
+// behind a waiting FOR UPDATE). The gates small statements take queue them
+// behind the grant.
 func TestPerRowGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	jobs(t, b)
 	ctx := b.ctx
-	tok := grant(t, b, "job:1", "A")
-	b.exec(t, `INSERT INTO job VALUES (1, 'a', $1)`, tok)
+	b.exec(t, `CREATE TABLE ledger (tenant int NOT NULL, amount int, tok bigint)`)
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, b.db.Pool, "ledger", "tenant", "tenant:", "tok"))
+	tok := grant(t, b, "tenant:1", "A")
 
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -368,7 +372,7 @@ func TestPerRowGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
 			time.Sleep(time.Duration(i) * 100 * time.Millisecond) // overlap the three
 			for wctx.Err() == nil {
 				_ = pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(wctx, `UPDATE job SET state = 'w', tok = $1 WHERE id = 1`, tok); err != nil {
+					if _, err := tx.Exec(wctx, `INSERT INTO ledger VALUES (1, 1, $1)`, tok); err != nil {
 						return err
 					}
 					_, err := tx.Exec(wctx, `SELECT pg_sleep(0.3)`)
@@ -384,9 +388,9 @@ func TestPerRowGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
 	require.NoError(t, err)
 	time.Sleep(400 * time.Millisecond)
 	start := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second) // without the gates it would wait for the writers to stop
 	defer cancel()
-	newTok, err := sqlfuncs.Revoke(rctx, granter, "job:1")
+	newTok, err := sqlfuncs.Revoke(rctx, granter, "tenant:1")
 	took := time.Since(start)
 	if err != nil {
 		require.ErrorIs(t, err, sqlfuncs.ErrBusy)
