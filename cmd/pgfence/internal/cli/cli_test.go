@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,6 +36,33 @@ func TestDemoFencesOffTheStaleWorkerAndCleansUp(t *testing.T) {
 	require.Regexp(t, `(?s)rows of report at the end:.*worker-B\s+final by B`, out)
 	require.Regexp(t, `(?s)rows of report_unprotected at the end:.*worker-A\s+final by A \(stale\)`, out)
 
+	// The per-row story: A's stale write to row 1 (resource job:1) is
+	// refused; B, holding job:2, writes row 2 before and after with its one
+	// token; the rows end with C's result and B's, each under its writer's token.
+	story := out[strings.Index(out, "== 3. "):]
+	tokB := regexp.MustCompile(`B  acquire "job:2" ttl=\S+\s+granted token (\d+)\n`).FindStringSubmatch(story)
+	require.Len(t, tokB, 2, story)
+	tokC := regexp.MustCompile(`C  acquire "job:1"\s+granted token (\d+) `).FindStringSubmatch(story)
+	require.Len(t, tokC, 2, story)
+	require.Regexp(t, `A  wakes, UPDATE row 1 with token \d+\s+REFUSED by the database\n\s+SQLSTATE FN001: .*resource job:1:`, story)
+	bWrites := regexp.MustCompile(`B  (INSERT|UPDATE) row 2 with token (\d+)\s+(\S+)`).FindAllStringSubmatch(story, -1)
+	require.Len(t, bWrites, 3, story)
+	for _, w := range bWrites {
+		require.Equal(t, tokB[1], w[2], "B writes with its own token")
+		require.Equal(t, "accepted", w[3])
+	}
+	require.Regexp(t, `(?s)REFUSED by the database.*B  UPDATE row 2 with token \d+\s+accepted`, story, "B writes after A's refusal")
+	require.Regexp(t, `(?s)rows of job at the end:\n\s+id\s+worker\s+result\s+tok\n\s+1\s+worker-C\s+final by C\s+`+tokC[1]+`\n\s+2\s+worker-B\s+final by B\s+`+tokB[1]+`\n`, story)
+
+	// The README shows this story as the demo prints it, but for the times,
+	// the tokens and the TTLs.
+	readme, err := os.ReadFile("../../../../README.md")
+	require.NoError(t, err)
+	shown := regexp.MustCompile("(?s)```\n(== 3\\. .*?)```").FindSubmatch(readme)
+	require.Len(t, shown, 2, "README shows story 3")
+	printed := story[:strings.Index(story, "\n\n")+1]
+	require.Equal(t, demoShape(string(shown[1])), demoShape(printed))
+
 	// Its own database, named in the output, is gone (other tests may run
 	// demos of their own at the same time).
 	name := regexp.MustCompile(`database (pgfence_demo_[0-9a-f]+) on`).FindStringSubmatch(out)
@@ -43,6 +71,23 @@ func TestDemoFencesOffTheStaleWorkerAndCleansUp(t *testing.T) {
 	var left int
 	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_database WHERE datname = $1`, name[1]).Scan(&left))
 	require.Zero(t, left, "the demo dropped its database")
+}
+
+// demoShape is the demo's output without what changes from run to run:
+// times, tokens, TTLs and the padding that depends on their width, and the
+// "held by A: C waits" step, absent when a slow machine took longer than the
+// TTL before C first asked.
+func demoShape(s string) []string {
+	s = regexp.MustCompile(`\+\d+\.\d{3}s`).ReplaceAllString(s, "+T")
+	s = regexp.MustCompile(`\d{7,}`).ReplaceAllString(s, "TOKEN")
+	s = regexp.MustCompile(`ttl=\S+`).ReplaceAllString(s, "ttl=TTL")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		if !strings.Contains(l, " held by ") {
+			lines = append(lines, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	return lines
 }
 
 func TestMigrateCommand(t *testing.T) {

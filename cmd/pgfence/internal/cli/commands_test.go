@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -356,18 +357,69 @@ func TestJSONShapes(t *testing.T) {
 		Stories []struct {
 			Table     string
 			Protected bool
+			Form      string
 			Refused   *struct{ SQLState string }
-			Rows      []struct{ Worker string }
-			Steps     []struct{ Worker, Action, Outcome string }
+			Rows      []struct {
+				Job, Worker, Result string
+				Token               int64
+			}
+			Steps []struct{ Worker, Action, Outcome string }
 		}
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &demo), out)
 	require.True(t, demo.Fenced)
-	require.Len(t, demo.Stories, 2)
+	require.Len(t, demo.Stories, 3)
 	require.NotNil(t, demo.Stories[0].Refused)
 	require.Equal(t, "FN001", demo.Stories[0].Refused.SQLState)
+	require.Equal(t, "table", demo.Stories[0].Form)
 	require.Equal(t, "worker-B", demo.Stories[0].Rows[0].Worker)
 	require.Nil(t, demo.Stories[1].Refused)
+	require.Empty(t, demo.Stories[1].Form)
 	require.Equal(t, "worker-A", demo.Stories[1].Rows[0].Worker)
 	require.NotEmpty(t, demo.Stories[0].Steps)
+
+	// The per-row story: A's stale write to row 1 refused; B's writes to
+	// row 2 accepted before and after it; the rows as C and B left them.
+	rows := demo.Stories[2]
+	require.Equal(t, "job", rows.Table)
+	require.True(t, rows.Protected)
+	require.Equal(t, "rows", rows.Form)
+	require.NotNil(t, rows.Refused)
+	require.Equal(t, "FN001", rows.Refused.SQLState)
+	refusedAt, bWrites, bAfter := -1, 0, 0
+	granted := map[string]int64{}
+	for i, s := range rows.Steps {
+		if m := regexp.MustCompile(`^granted token (\d+)`).FindStringSubmatch(s.Outcome); m != nil {
+			tok, err := strconv.ParseInt(m[1], 10, 64)
+			require.NoError(t, err)
+			granted[s.Worker] = tok
+		}
+		switch {
+		case s.Outcome == "REFUSED by the database":
+			require.Equal(t, -1, refusedAt, "one refusal")
+			require.Equal(t, "A", s.Worker)
+			require.Contains(t, s.Action, "row 1")
+			refusedAt = i
+		case s.Worker == "B" && strings.Contains(s.Action, "row 2"):
+			require.Equal(t, "accepted", s.Outcome, s.Action)
+			bWrites++
+			if refusedAt >= 0 {
+				bAfter++
+			}
+		}
+	}
+	require.NotEqual(t, -1, refusedAt, rows.Steps)
+	require.Equal(t, 3, bWrites, rows.Steps)
+	require.Equal(t, 1, bAfter, "B writes row 2 after A's refusal: %v", rows.Steps)
+	require.Len(t, rows.Rows, 2)
+	require.Equal(t, "1", rows.Rows[0].Job)
+	require.Equal(t, "worker-C", rows.Rows[0].Worker)
+	require.Equal(t, "final by C", rows.Rows[0].Result)
+	require.Equal(t, "2", rows.Rows[1].Job)
+	require.Equal(t, "worker-B", rows.Rows[1].Worker)
+	require.Equal(t, "final by B", rows.Rows[1].Result)
+	require.Equal(t, granted["C"], rows.Rows[0].Token, "row 1 under C's token")
+	require.Equal(t, granted["B"], rows.Rows[1].Token, "row 2 under B's token")
+	require.NotZero(t, granted["B"])
+	require.NotZero(t, granted["C"])
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -35,6 +36,12 @@ and writes with its old token. On a table protected by fence.protect the
 database refuses A's write (SQLSTATE FN001) and B's result survives. On an
 unprotected table A's write silently overwrites B's: the lost update fencing
 prevents.
+
+Then the same story on the rows of one table protected by fence.protect_rows,
+where each row is a resource of its own (row 1 is "job:1"): A holds job:1 and
+B holds job:2; A pauses past its TTL, worker C is granted job:1 and writes row
+1, and the database refuses A's write to row 1 while B, whose lease nobody
+took, keeps writing row 2 with its token before and after.
 
 The demo works in a database of its own (pgfence_demo_XXXX, created and dropped
 by the demo), so it leaves nothing behind in yours. The role needs CREATEDB.
@@ -96,6 +103,13 @@ const (
 	demoInsert   = `INSERT INTO %s (job, worker, result, token) VALUES ($1, $2, $3, $4)`
 	demoUpdate   = `UPDATE %s SET worker = $2, result = $3, token = $4 WHERE job = $1`
 	demoRows     = `SELECT job, worker, result, token FROM %s ORDER BY job`
+
+	// The per-row story's table: the resource of a row is 'job:' || id, and
+	// each write presents the token of its row's resource in column tok.
+	demoJobTable  = `CREATE TABLE job (id integer PRIMARY KEY, worker text NOT NULL, result text NOT NULL, tok bigint NOT NULL)`
+	demoJobInsert = `INSERT INTO job (id, worker, result, tok) VALUES ($1, $2, $3, $4)`
+	demoJobUpdate = `UPDATE job SET worker = $2, result = $3, tok = $4 WHERE id = $1`
+	demoJobRows   = `SELECT id::text, worker, result, tok FROM job ORDER BY id`
 )
 
 func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool) (err error) {
@@ -170,9 +184,15 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 	if err := sqlfuncs.Protect(ctx, pool, "report", "nightly-report", "token"); err != nil {
 		return err
 	}
+	if _, err := pool.Exec(ctx, demoJobTable); err != nil {
+		return err
+	}
+	if err := sqlfuncs.ProtectRows(ctx, pool, "job", "id", "job:", "tok"); err != nil {
+		return err
+	}
 
 	fmt.Fprintf(out, "\n== 1. Protected table \"report\" (fence.protect('report', 'nightly-report', 'token')) ==\n")
-	protected := storyJSON{Table: "report", Protected: true}
+	protected := storyJSON{Table: "report", Protected: true, Form: "table"}
 	refused, err := demoStory(ctx, out, pool, "report", "nightly-report", ttl, &protected)
 	if err != nil {
 		return err
@@ -183,8 +203,14 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 	if err != nil {
 		return err
 	}
-	report.Stories = []storyJSON{protected, plain}
-	report.Fenced = refused && !refusedPlain
+	fmt.Fprintf(out, "\n== 3. A lease per row: table \"job\" (fence.protect_rows('job', 'id', 'job:', 'tok')) ==\n")
+	perRow := storyJSON{Table: "job", Protected: true, Form: "rows"}
+	refusedRow, err := demoRowsStory(ctx, out, pool, ttl, &perRow)
+	if err != nil {
+		return err
+	}
+	report.Stories = []storyJSON{protected, plain, perRow}
+	report.Fenced = refused && !refusedPlain && refusedRow
 	if g.json {
 		if err := g.emit(report, nil); err != nil {
 			return err
@@ -193,32 +219,35 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 
 	fmt.Fprintln(out)
 	switch {
-	case refused && !refusedPlain:
+	case report.Fenced:
 		fmt.Fprintln(out, "Result: with fencing, the database refused A's stale write and B's result survived;")
-		fmt.Fprintln(out, "without it, A silently overwrote B's newer result (a lost update).")
+		fmt.Fprintln(out, "without it, A silently overwrote B's newer result (a lost update). With a lease per")
+		fmt.Fprintln(out, "row, A's stale write to row 1 was refused while B kept writing row 2.")
 		return nil
 	default:
-		return errors.New("the demo did not behave as expected: the protected table should refuse A's stale write and the unprotected one should not")
+		return errors.New("the demo did not behave as expected: the protected tables should refuse A's stale write and the unprotected one should not")
 	}
 }
 
-// demoStory plays the story on one table and reports whether the database
-// refused A's stale write.
 // demoJSON is the --json shape of pgfence demo.
 type demoJSON struct {
 	Database string      `json:"database"`
 	Stories  []storyJSON `json:"stories"`
-	// Fenced: the protected table refused A's stale write and the
-	// unprotected one did not.
+	// Fenced: the protected tables (fence.protect and fence.protect_rows)
+	// refused A's stale write and the unprotected one did not.
 	Fenced bool `json:"fenced"`
 }
 
 type storyJSON struct {
-	Table     string       `json:"table"`
-	Protected bool         `json:"protected"`
-	Steps     []stepJSON   `json:"steps"`
-	Refused   *refusalJSON `json:"refused,omitempty"`
-	Rows      []demoRow    `json:"rows"`
+	Table     string `json:"table"`
+	Protected bool   `json:"protected"`
+	// Form is how the table is protected, as in fence.protected: "table"
+	// (one resource, fence.protect) or "rows" (a resource per row,
+	// fence.protect_rows); empty when it is not.
+	Form    string       `json:"form,omitempty"`
+	Steps   []stepJSON   `json:"steps"`
+	Refused *refusalJSON `json:"refused,omitempty"`
+	Rows    []demoRow    `json:"rows"`
 }
 
 type stepJSON struct {
@@ -233,6 +262,8 @@ type refusalJSON struct {
 	Message  string `json:"message"`
 }
 
+// demoRow is a row of a story's table. In the per-row story Job is the row's
+// id and Token its column tok.
 type demoRow struct {
 	Job    string `json:"job"`
 	Worker string `json:"worker"`
@@ -240,13 +271,80 @@ type demoRow struct {
 	Token  int64  `json:"token"`
 }
 
-func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, resource string, ttl time.Duration, rep *storyJSON) (refused bool, err error) {
-	start := time.Now()
-	step := func(who, what, outcome string) {
-		at := time.Since(start).Seconds()
-		rep.Steps = append(rep.Steps, stepJSON{AtSeconds: at, Worker: who, Action: what, Outcome: outcome})
-		fmt.Fprintf(out, "  %8s  %s  %-50s %s\n", fmt.Sprintf("+%.3fs", at), who, what, outcome)
+// timeline prints a story's steps as they happen and records them.
+type timeline struct {
+	out   io.Writer
+	rep   *storyJSON
+	start time.Time
+}
+
+func newTimeline(out io.Writer, rep *storyJSON) *timeline {
+	return &timeline{out: out, rep: rep, start: time.Now()}
+}
+
+func (tl *timeline) step(who, what, outcome string) {
+	at := time.Since(tl.start).Seconds()
+	tl.rep.Steps = append(tl.rep.Steps, stepJSON{AtSeconds: at, Worker: who, Action: what, Outcome: outcome})
+	line := fmt.Sprintf("  %8s  %s  %-50s %s", fmt.Sprintf("+%.3fs", at), who, what, outcome)
+	fmt.Fprintln(tl.out, strings.TrimRight(line, " "))
+}
+
+// refusal records and prints the database's refusal of a write.
+func (tl *timeline) refusal(who, what string, pgErr *pgconn.PgError) {
+	tl.step(who, what, "REFUSED by the database")
+	tl.rep.Refused = &refusalJSON{SQLState: pgErr.Code, Message: pgErr.Message}
+	fmt.Fprintf(tl.out, "             SQLSTATE %s: %s\n", pgErr.Code, pgErr.Message)
+}
+
+// acquireAfterExpiry asks for resource until the server's clock says the
+// previous holder's lease has expired.
+func (tl *timeline) acquireAfterExpiry(ctx context.Context, pool *pgxpool.Pool, who, resource, holder, heldBy string, ttl time.Duration) (int64, error) {
+	for tries := 0; ; tries++ {
+		tok, ok, err := sqlfuncs.Acquire(ctx, pool, resource, holder, ttl*10)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			tl.step(who, fmt.Sprintf("acquire %q", resource), fmt.Sprintf("granted token %d (%s's lease expired by the server clock)", tok, heldBy))
+			return tok, nil
+		}
+		if tries == 0 {
+			tl.step(who, fmt.Sprintf("acquire %q", resource), fmt.Sprintf("held by %s: %s waits", heldBy, who))
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(ttl / 20):
+		}
 	}
+}
+
+// printRows reads a story's rows with query, records and prints them under
+// header (the table's column names).
+func printRows(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, query, header string, rep *storyJSON) error {
+	rows, err := pool.Query(ctx, query)
+	if err != nil {
+		return err
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[demoRow])
+	if err != nil {
+		return err
+	}
+	rep.Rows = all
+	fmt.Fprintf(out, "  rows of %s at the end:\n", table)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "    "+header)
+	for _, r := range all {
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%d\n", r.Job, r.Worker, r.Result, r.Token)
+	}
+	return tw.Flush()
+}
+
+// demoStory plays the story on one table and reports whether the database
+// refused A's stale write.
+func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, resource string, ttl time.Duration, rep *storyJSON) (refused bool, err error) {
+	tl := newTimeline(out, rep)
+	step := tl.step
 
 	tokA, ok, err := sqlfuncs.Acquire(ctx, pool, resource, "worker-A", ttl)
 	if err != nil {
@@ -262,26 +360,10 @@ func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, re
 	step("A", fmt.Sprintf("INSERT draft with token %d", tokA), "accepted")
 	step("A", "pauses (a simulated GC pause longer than its TTL)", "")
 
-	// B asks until the server's clock says A's lease has expired.
-	var tokB int64
-	for tries := 0; ; tries++ {
-		tokB, ok, err = sqlfuncs.Acquire(ctx, pool, resource, "worker-B", ttl*10)
-		if err != nil {
-			return false, err
-		}
-		if ok {
-			break
-		}
-		if tries == 0 {
-			step("B", fmt.Sprintf("acquire %q", resource), "held by A: B waits")
-		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(ttl / 20):
-		}
+	tokB, err := tl.acquireAfterExpiry(ctx, pool, "B", resource, "worker-B", "A", ttl)
+	if err != nil {
+		return false, err
 	}
-	step("B", fmt.Sprintf("acquire %q", resource), fmt.Sprintf("granted token %d (A's lease expired by the server clock)", tokB))
 	if _, err := pool.Exec(ctx, fmt.Sprintf(demoUpdate, table), "nightly", "worker-B", "final by B", tokB); err != nil {
 		return false, err
 	}
@@ -294,30 +376,88 @@ func demoStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, table, re
 		step("A", fmt.Sprintf("wakes, UPDATE result with token %d", tokA), "accepted  <- lost update: B's result is gone")
 	case errors.As(err, &pgErr):
 		refused = true
-		step("A", fmt.Sprintf("wakes, UPDATE result with token %d", tokA), "REFUSED by the database")
-		rep.Refused = &refusalJSON{SQLState: pgErr.Code, Message: pgErr.Message}
-		fmt.Fprintf(out, "             SQLSTATE %s: %s\n", pgErr.Code, pgErr.Message)
+		tl.refusal("A", fmt.Sprintf("wakes, UPDATE result with token %d", tokA), pgErr)
 	default:
 		return false, err
 	}
 	if _, err := sqlfuncs.Release(ctx, pool, resource, tokB); err != nil {
 		return false, err
 	}
+	return refused, printRows(ctx, out, pool, table, fmt.Sprintf(demoRows, table), "job\tworker\tresult\ttoken", rep)
+}
 
-	rows, err := pool.Query(ctx, fmt.Sprintf(demoRows, table))
+// demoRowsStory plays the story on two rows of the table job, each row a
+// resource of its own: A holds job:1 and pauses past its TTL, C is granted
+// job:1 and writes row 1, A wakes and writes row 1 with its old token; B
+// holds job:2 throughout and writes row 2 before and after. It reports
+// whether the database refused A's stale write; a refusal of B's writes or
+// C's is an error.
+func demoRowsStory(ctx context.Context, out io.Writer, pool *pgxpool.Pool, ttl time.Duration, rep *storyJSON) (refused bool, err error) {
+	tl := newTimeline(out, rep)
+	write := func(who, what, sql string, id int, result string, tok int64) error {
+		if _, err := pool.Exec(ctx, sql, id, "worker-"+who, result, tok); err != nil {
+			return fmt.Errorf("worker %s: %s: %w", who, what, err)
+		}
+		tl.step(who, what, "accepted")
+		return nil
+	}
+
+	tokA, ok, err := sqlfuncs.Acquire(ctx, pool, "job:1", "worker-A", ttl)
 	if err != nil {
 		return false, err
 	}
-	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[demoRow])
+	if !ok {
+		return false, errors.New("worker A was not granted job:1")
+	}
+	tl.step("A", fmt.Sprintf("acquire %q ttl=%s", "job:1", ttl), fmt.Sprintf("granted token %d", tokA))
+	// B's lease outlives the whole story: nobody takes job:2 from B.
+	tokB, ok, err := sqlfuncs.Acquire(ctx, pool, "job:2", "worker-B", ttl*10)
 	if err != nil {
 		return false, err
 	}
-	rep.Rows = all
-	fmt.Fprintf(out, "  rows of %s at the end:\n", table)
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "    job\tworker\tresult\ttoken")
-	for _, r := range all {
-		fmt.Fprintf(tw, "    %s\t%s\t%s\t%d\n", r.Job, r.Worker, r.Result, r.Token)
+	if !ok {
+		return false, errors.New("worker B was not granted job:2")
 	}
-	return refused, tw.Flush()
+	tl.step("B", fmt.Sprintf("acquire %q ttl=%s", "job:2", ttl*10), fmt.Sprintf("granted token %d", tokB))
+	if err := write("A", fmt.Sprintf("INSERT row 1 with token %d", tokA), demoJobInsert, 1, "draft by A", tokA); err != nil {
+		return false, err
+	}
+	if err := write("B", fmt.Sprintf("INSERT row 2 with token %d", tokB), demoJobInsert, 2, "draft by B", tokB); err != nil {
+		return false, err
+	}
+	tl.step("A", "pauses (a simulated GC pause longer than its TTL)", "")
+	if err := write("B", fmt.Sprintf("UPDATE row 2 with token %d", tokB), demoJobUpdate, 2, "progress by B", tokB); err != nil {
+		return false, err
+	}
+
+	tokC, err := tl.acquireAfterExpiry(ctx, pool, "C", "job:1", "worker-C", "A", ttl)
+	if err != nil {
+		return false, err
+	}
+	if err := write("C", fmt.Sprintf("UPDATE row 1 with token %d", tokC), demoJobUpdate, 1, "final by C", tokC); err != nil {
+		return false, err
+	}
+
+	what := fmt.Sprintf("wakes, UPDATE row 1 with token %d", tokA)
+	_, err = pool.Exec(ctx, demoJobUpdate, 1, "worker-A", "final by A (stale)", tokA)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		tl.step("A", what, "accepted  <- lost update: C's result is gone")
+	case errors.As(err, &pgErr):
+		refused = true
+		tl.refusal("A", what, pgErr)
+	default:
+		return false, err
+	}
+	if err := write("B", fmt.Sprintf("UPDATE row 2 with token %d", tokB), demoJobUpdate, 2, "final by B", tokB); err != nil {
+		return false, err
+	}
+	if _, err := sqlfuncs.Release(ctx, pool, "job:1", tokC); err != nil {
+		return false, err
+	}
+	if _, err := sqlfuncs.Release(ctx, pool, "job:2", tokB); err != nil {
+		return false, err
+	}
+	return refused, printRows(ctx, out, pool, "job", demoJobRows, "id\tworker\tresult\ttok", rep)
 }
