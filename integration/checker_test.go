@@ -586,3 +586,109 @@ func TestCheckerFlagsFabricatedViolations(t *testing.T) {
 		})
 	}
 }
+
+// TestRowCheckerFlagsFabricatedViolations does for the per-row checks
+// (checkRows) what TestCheckerFlagsFabricatedViolations does for the rest:
+// a clean per-row history passes, and each planted violation is reported.
+func TestRowCheckerFlagsFabricatedViolations(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	const tok1, tok2, tok3 = 8796093022209, 8796093022210, 8796093022211
+	// clean: resources p1 and p2; row 1 seeded in p1, row 2 in p2.
+	// Transaction 10 (both tokens) updates row 1 through the token column,
+	// moves row 2 from p2 to p1 and inserts row 3 into p2; transaction 11
+	// deletes row 3; then p1 is granted again.
+	clean := func() ([]event, dbState) {
+		st := dbState{
+			grants: []grantRec{
+				{res: "p1", tok: tok1, kind: opAcquire, acquiredAt: at(0), expiresAt: at(100), seq: 1},
+				{res: "p2", tok: tok2, kind: opAcquire, acquiredAt: at(10), expiresAt: at(110), seq: 2},
+				{res: "p1", tok: tok3, kind: opAcquire, acquiredAt: at(150), expiresAt: at(250), seq: 5},
+			},
+			txs: map[int64]txRec{
+				10: {txid: 10, toks: []resTok{{"p1", tok1}, {"p2", tok2}}, nrows: 3, rows: 3, seq: 3},
+				11: {txid: 11, toks: []resTok{{"p2", tok2}}, nrows: 1, rows: 1, seq: 4},
+			},
+			orphans:   map[int64]int{},
+			final:     map[string]int64{"p1": tok3, "p2": tok2},
+			rowPrefix: "p",
+			rowWrites: []rowWrite{
+				{txid: 0, ord: 1, tbl: rowsTC, op: rowInsert, id: 1, newRid: 1},
+				{txid: 0, ord: 2, tbl: rowsTC, op: rowInsert, id: 2, newRid: 2},
+				{txid: 10, ord: 3, tbl: rowsTC, op: rowUpdate, id: 1, oldRid: 1, newRid: 1, tok: tok1},
+				{txid: 10, ord: 4, tbl: rowsTC, op: rowUpdate, id: 2, oldRid: 2, newRid: 1, tok: tok1},
+				{txid: 10, ord: 5, tbl: rowsTC, op: rowInsert, id: 3, newRid: 2, tok: tok2},
+				{txid: 11, ord: 6, tbl: rowsTC, op: rowDelete, id: 3, oldRid: 2},
+			},
+			rows: map[string]map[int64]rowRec{rowsTC: {
+				1: {rid: 1, tok: tok1, txid: 10},
+				2: {rid: 1, tok: tok1, txid: 10},
+			}},
+		}
+		ev := []event{
+			{worker: 0, kind: opAcquire, res: "p1", tok: tok1, out: outOK},
+			{worker: 0, kind: opAcquire, res: "p2", tok: tok2, out: outOK},
+			{worker: 0, kind: opWrite, res: "p1", tok: tok1, txid: 10, out: outOK},
+			{worker: 0, kind: opWrite, res: "p1", tok: tok1, txid: 11, out: outOK},
+			{worker: 1, kind: opAcquire, res: "p1", tok: tok3, out: outOK},
+		}
+		return ev, st
+	}
+
+	t.Run("a clean history passes", func(t *testing.T) {
+		ev, st := clean()
+		r := checkHistory(ev, st)
+		require.Empty(t, r.violations)
+	})
+
+	cases := []struct {
+		name   string
+		mutate func(st *dbState)
+		want   string
+	}{
+		{"row of a resource whose token was not presented", func(st *dbState) {
+			st.txs[11] = txRec{txid: 11, toks: []resTok{{"p1", tok1}}, nrows: 1, rows: 1, seq: 4}
+		}, "wrote row 3 of rtc (delete) without presenting a token of p2"},
+		{"move without the old resource's token", func(st *dbState) {
+			st.txs[10] = txRec{txid: 10, toks: []resTok{{"p1", tok1}}, nrows: 3, rows: 3, seq: 3}
+		}, "wrote row 2 of rtc (update) without presenting a token of p2"},
+		{"token column disagrees with the presented token", func(st *dbState) {
+			st.rowWrites[2].tok = tok2
+			st.rows[rowsTC][1] = rowRec{rid: 1, tok: tok2, txid: 10}
+		}, "with token 8796093022210 in its token column, but presented 8796093022209"},
+		{"stale per-row write after a newer grant", func(st *dbState) {
+			st.txs[12] = txRec{txid: 12, toks: []resTok{{"p1", tok1}}, nrows: 1, rows: 1, seq: 6}
+			st.rowWrites = append(st.rowWrites, rowWrite{txid: 12, ord: 7, tbl: rowsTC, op: rowUpdate, id: 1, oldRid: 1, newRid: 1, tok: tok1})
+			st.rows[rowsTC][1] = rowRec{rid: 1, tok: tok1, txid: 12}
+		}, "p1: transaction 12 under token 8796093022209 committed (#6) after the grant"},
+		{"a row no committed write explains", func(st *dbState) {
+			st.rows[rowsTC][7] = rowRec{rid: 2, txid: -1}
+		}, "row 7 (resource 2, token 0, transaction -1) is in the table"},
+		{"a committed row write is lost", func(st *dbState) {
+			delete(st.rows[rowsTC], 1)
+		}, "row 1 (resource 1, transaction 10) is missing"},
+		{"a committed move is undone", func(st *dbState) {
+			st.rows[rowsTC][2] = rowRec{rid: 2, tok: tok1, txid: 10}
+		}, "row 2 is (resource 2"},
+		{"row log of a transaction that did not commit", func(st *dbState) {
+			st.rowWrites = append(st.rowWrites, rowWrite{txid: 99, ord: 8, tbl: rowsTC, op: rowInsert, id: 9, newRid: 1, tok: tok3})
+		}, "transaction 99 did not commit, yet its row log"},
+		{"delete of a row that is not there", func(st *dbState) {
+			st.rowWrites[5].id = 5
+			st.rows[rowsTC][3] = rowRec{rid: 2, tok: tok2, txid: 10}
+		}, "deleted row 5 of rtc in resource 2, but the row is not there"},
+		{"half a transaction's rows committed", func(st *dbState) {
+			st.orphans[98] = 1
+		}, "did not commit"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ev, st := clean()
+			c.mutate(&st)
+			r := checkHistory(ev, st)
+			require.NotEmpty(t, r.violations, "the checker missed: %s", c.name)
+			require.Contains(t, fmt.Sprint(r.violations), c.want)
+		})
+	}
+}
