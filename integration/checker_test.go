@@ -3,6 +3,7 @@ package integration
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -68,12 +69,60 @@ type endRec struct {
 // txRec is one committed guarded transaction: its log row and the number of
 // guarded rows found in the protected tables under its txid.
 type txRec struct {
-	txid  int64
-	res   string
-	tok   int64
+	txid int64
+	// toks are the tokens the transaction presented: one resource in a
+	// table-wide run, each resource whose rows it wrote in a per-row run.
+	toks  []resTok
 	nrows int   // rows the transaction wrote, by its own count
 	rows  int   // rows found
 	seq   int64 // its commit-order number
+}
+
+// resTok is a token of a resource.
+type resTok struct {
+	res string
+	tok int64
+}
+
+// tokenOf is the token tx presented for res, if any.
+func (tx txRec) tokenOf(res string) (int64, bool) {
+	for _, p := range tx.toks {
+		if p.res == res {
+			return p.tok, true
+		}
+	}
+	return 0, false
+}
+
+// rowWrite is one row a guarded statement of a per-row run wrote, as the
+// statement returned it (RETURNING), logged in the same transaction.
+type rowWrite struct {
+	txid int64 // 0: the rows the run's tables were seeded with
+	ord  int64 // the order of the transaction's writes
+	tbl  string
+	op   string // rowInsert, rowUpdate or rowDelete
+	id   int64
+	// oldRid is the row's resource id before the write (updates and
+	// deletes), newRid after it (inserts and updates); they differ when the
+	// update moved the row to another resource.
+	oldRid, newRid int
+	// tok is the row's token column as written (inserts and updates of a
+	// table with one), that is the token the row presented; 0 otherwise.
+	tok int64
+}
+
+// Operations of a rowWrite.
+const (
+	rowInsert = "insert"
+	rowUpdate = "update"
+	rowDelete = "delete"
+)
+
+// rowRec is a row of a per-row table after the run.
+type rowRec struct {
+	rid  int
+	tok  int64 // 0 in a table without a token column
+	txid int64 // the transaction that wrote it last
 }
 
 // dbState is what the database holds after a run.
@@ -87,7 +136,16 @@ type dbState struct {
 	orphans map[int64]int
 	// final is the token of every resource in fence.leases at the end.
 	final map[string]int64
+
+	// Per-row runs only (rowPrefix is not empty): the resource of a row is
+	// rowPrefix followed by its resource id.
+	rowPrefix string
+	rowWrites []rowWrite
+	// rows is the content of each per-row table at the end, by row id.
+	rows map[string]map[int64]rowRec
 }
+
+func (st dbState) rowResource(rid int) string { return fmt.Sprintf("%s%d", st.rowPrefix, rid) }
 
 // Kinds of client operations.
 const (
@@ -196,20 +254,28 @@ func checkHistory(events []event, st dbState) checkResult {
 	})
 	for _, id := range txids {
 		tx := st.txs[id]
-		if _, ok := granted(tx.res, tx.tok); !ok {
-			fail("%s: transaction %d committed under token %d, which was never granted", tx.res, id, tx.tok)
+		if len(tx.toks) == 0 {
+			fail("transaction %d committed without presenting a token", id)
 		}
-		if g, ok := firstAbove(tx.res, tx.tok); ok && g.seq < tx.seq {
-			r.staleCommitted++
-			fail("%s: transaction %d under token %d committed (#%d) after the grant of token %d (#%d)",
-				tx.res, id, tx.tok, tx.seq, g.tok, g.seq)
+		for _, p := range tx.toks {
+			if _, ok := granted(p.res, p.tok); !ok {
+				fail("%s: transaction %d committed under token %d, which was never granted", p.res, id, p.tok)
+			}
+			if g, ok := firstAbove(p.res, p.tok); ok && g.seq < tx.seq {
+				r.staleCommitted++
+				fail("%s: transaction %d under token %d committed (#%d) after the grant of token %d (#%d)",
+					p.res, id, p.tok, tx.seq, g.tok, g.seq)
+			}
 		}
 		if tx.rows != tx.nrows {
-			fail("%s: transaction %d wrote %d guarded rows, %d are in the tables", tx.res, id, tx.nrows, tx.rows)
+			fail("transaction %d wrote %d guarded rows, %d are in the tables", id, tx.nrows, tx.rows)
 		}
 	}
 	for id, n := range st.orphans {
 		fail("transaction %d did not commit, yet %d of its guarded rows are in the tables", id, n)
+	}
+	if st.rowPrefix != "" {
+		checkRows(st, fail)
 	}
 
 	// The client's view against the database's.
@@ -310,6 +376,117 @@ func checkHistory(events []event, st dbState) checkResult {
 	return r
 }
 
+// checkRows judges the rows of a per-row run. The check of every committed
+// transaction above covers the tokens it presented; this ties them to the
+// rows it wrote, as the server returned them:
+//
+//   - every row a committed transaction inserted, updated or deleted belongs
+//     (before and after the write) to a resource whose token the transaction
+//     presented, so guarantee 3 for that token is guarantee 3 for the row;
+//   - a row written into a token column carries exactly that token;
+//   - replaying the committed writes in commit order (the order in which
+//     they took each row's lock: a transaction that writes a row another
+//     one wrote waits for it to commit, and takes its number after that),
+//     starting from the seeded rows, gives the tables as they are. So no
+//     write committed that is not in the logs (a write that presented no
+//     token, or the token of another resource), none that is in them was
+//     lost, and none committed in part.
+func checkRows(st dbState, fail func(format string, args ...any)) {
+	byTx := map[int64][]rowWrite{}
+	for _, w := range st.rowWrites {
+		byTx[w.txid] = append(byTx[w.txid], w)
+	}
+	order := []int64{0} // the seed first
+	for id := range byTx {
+		if id == 0 {
+			continue
+		}
+		if _, ok := st.txs[id]; !ok {
+			fail("transaction %d did not commit, yet its row log is in the database", id)
+			continue
+		}
+		order = append(order, id)
+	}
+	slices.SortFunc(order[1:], func(a, b int64) int { return cmp.Compare(st.txs[a].seq, st.txs[b].seq) })
+
+	model := map[string]map[int64]rowRec{}
+	for tbl := range st.rows {
+		model[tbl] = map[int64]rowRec{}
+	}
+	for _, id := range order {
+		tx := st.txs[id]
+		ws := byTx[id]
+		slices.SortFunc(ws, func(a, b rowWrite) int { return cmp.Compare(a.ord, b.ord) })
+		for _, w := range ws {
+			m := model[w.tbl]
+			if m == nil {
+				fail("transaction %d wrote row %d of unknown table %q", id, w.id, w.tbl)
+				continue
+			}
+			if id != 0 {
+				for _, rid := range []int{w.oldRid, w.newRid} {
+					if rid == 0 {
+						continue
+					}
+					res := st.rowResource(rid)
+					if _, ok := tx.tokenOf(res); !ok {
+						fail("%s: transaction %d (#%d) wrote row %d of %s (%s) without presenting a token of %s", res, id, tx.seq, w.id, w.tbl, w.op, res)
+					}
+				}
+				if w.op != rowDelete && w.tok != 0 {
+					if tok, ok := tx.tokenOf(st.rowResource(w.newRid)); ok && tok != w.tok {
+						fail("%s: transaction %d wrote row %d of %s with token %d in its token column, but presented %d",
+							st.rowResource(w.newRid), id, w.id, w.tbl, w.tok, tok)
+					}
+				}
+			}
+			old, exists := m[w.id]
+			switch w.op {
+			case rowInsert:
+				if exists {
+					fail("transaction %d inserted row %d of %s, which already existed", id, w.id, w.tbl)
+				}
+				m[w.id] = rowRec{rid: w.newRid, tok: w.tok, txid: id}
+			case rowUpdate:
+				if !exists || old.rid != w.oldRid {
+					fail("transaction %d updated row %d of %s in resource %d, but the row is not there (present %v, resource %d)",
+						id, w.id, w.tbl, w.oldRid, exists, old.rid)
+				}
+				m[w.id] = rowRec{rid: w.newRid, tok: w.tok, txid: id}
+			case rowDelete:
+				if !exists || old.rid != w.oldRid {
+					fail("transaction %d deleted row %d of %s in resource %d, but the row is not there (present %v, resource %d)",
+						id, w.id, w.tbl, w.oldRid, exists, old.rid)
+				}
+				delete(m, w.id)
+			default:
+				fail("transaction %d: unknown row operation %q", id, w.op)
+			}
+		}
+	}
+	for tbl, rows := range st.rows {
+		m := model[tbl]
+		for _, id := range slices.Sorted(maps.Keys(rows)) {
+			got, want := rows[id], m[id]
+			if _, ok := m[id]; !ok {
+				fail("%s: row %d (resource %d, token %d, transaction %d) is in the table, but no committed write left it there",
+					tbl, id, got.rid, got.tok, got.txid)
+				continue
+			}
+			if got != want {
+				fail("%s: row %d is (resource %d, token %d, transaction %d), the committed writes say (resource %d, token %d, transaction %d)",
+					tbl, id, got.rid, got.tok, got.txid, want.rid, want.tok, want.txid)
+			}
+		}
+		for _, id := range slices.Sorted(maps.Keys(m)) {
+			if _, ok := rows[id]; !ok {
+				w := m[id]
+				fail("%s: row %d (resource %d, transaction %d) is missing from the table, though no committed write deleted it", tbl, id, w.rid, w.txid)
+			}
+		}
+	}
+}
+
 func ts(t time.Time) string { return t.UTC().Format("15:04:05.000000") }
 
 // TestCheckerFlagsFabricatedViolations feeds the checker histories that
@@ -334,8 +511,8 @@ func TestCheckerFlagsFabricatedViolations(t *testing.T) {
 			renews: []renewRec{{res: "r", tok: tok1, expiresAt: at(120), seq: 2}},
 			ends:   []endRec{{res: "r", tok: tok2, endedAt: at(180), seq: 6}},
 			txs: map[int64]txRec{
-				10: {txid: 10, res: "r", tok: tok1, nrows: 2, rows: 2, seq: 3},
-				11: {txid: 11, res: "r", tok: tok2, nrows: 1, rows: 1, seq: 5},
+				10: {txid: 10, toks: []resTok{{"r", tok1}}, nrows: 2, rows: 2, seq: 3},
+				11: {txid: 11, toks: []resTok{{"r", tok2}}, nrows: 1, rows: 1, seq: 5},
 			},
 			orphans: map[int64]int{},
 			final:   map[string]int64{"r": tok3},
@@ -378,13 +555,13 @@ func TestCheckerFlagsFabricatedViolations(t *testing.T) {
 			st.grants[1].tok = tok1 - 1
 		}, "is not larger"},
 		{"stale write committed after a newer grant", func(_ *[]event, st *dbState) {
-			st.txs[12] = txRec{txid: 12, res: "r", tok: tok1, nrows: 1, rows: 1, seq: 8}
+			st.txs[12] = txRec{txid: 12, toks: []resTok{{"r", tok1}}, nrows: 1, rows: 1, seq: 8}
 		}, "committed (#8) after the grant"},
 		{"write the client saw commit is missing", func(_ *[]event, st *dbState) {
 			delete(st.txs, 11)
 		}, "not in the database"},
 		{"write refused with FN001 is present", func(_ *[]event, st *dbState) {
-			st.txs[12] = txRec{txid: 12, res: "r", tok: tok1, nrows: 1, rows: 1, seq: 3}
+			st.txs[12] = txRec{txid: 12, toks: []resTok{{"r", tok1}}, nrows: 1, rows: 1, seq: 3}
 		}, "was refused with FN001"},
 		{"half a transaction committed", func(_ *[]event, st *dbState) {
 			st.orphans[99] = 1
@@ -393,7 +570,7 @@ func TestCheckerFlagsFabricatedViolations(t *testing.T) {
 			*ev = append(*ev, event{worker: 2, kind: opAcquire, res: "r", tok: tok3 + 1, out: outOK})
 		}, "no such committed grant"},
 		{"write under a token never granted", func(_ *[]event, st *dbState) {
-			st.txs[13] = txRec{txid: 13, res: "r", tok: tok3 + 5, nrows: 1, rows: 1, seq: 9}
+			st.txs[13] = txRec{txid: 13, toks: []resTok{{"r", tok3 + 5}}, nrows: 1, rows: 1, seq: 9}
 		}, "never granted"},
 		{"lease row disagrees with the grants", func(_ *[]event, st *dbState) {
 			st.final["r"] = tok1
@@ -403,6 +580,112 @@ func TestCheckerFlagsFabricatedViolations(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ev, st := clean()
 			c.mutate(&ev, &st)
+			r := checkHistory(ev, st)
+			require.NotEmpty(t, r.violations, "the checker missed: %s", c.name)
+			require.Contains(t, fmt.Sprint(r.violations), c.want)
+		})
+	}
+}
+
+// TestRowCheckerFlagsFabricatedViolations does for the per-row checks
+// (checkRows) what TestCheckerFlagsFabricatedViolations does for the rest:
+// a clean per-row history passes, and each planted violation is reported.
+func TestRowCheckerFlagsFabricatedViolations(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	const tok1, tok2, tok3 = 8796093022209, 8796093022210, 8796093022211
+	// clean: resources p1 and p2; row 1 seeded in p1, row 2 in p2.
+	// Transaction 10 (both tokens) updates row 1 through the token column,
+	// moves row 2 from p2 to p1 and inserts row 3 into p2; transaction 11
+	// deletes row 3; then p1 is granted again.
+	clean := func() ([]event, dbState) {
+		st := dbState{
+			grants: []grantRec{
+				{res: "p1", tok: tok1, kind: opAcquire, acquiredAt: at(0), expiresAt: at(100), seq: 1},
+				{res: "p2", tok: tok2, kind: opAcquire, acquiredAt: at(10), expiresAt: at(110), seq: 2},
+				{res: "p1", tok: tok3, kind: opAcquire, acquiredAt: at(150), expiresAt: at(250), seq: 5},
+			},
+			txs: map[int64]txRec{
+				10: {txid: 10, toks: []resTok{{"p1", tok1}, {"p2", tok2}}, nrows: 3, rows: 3, seq: 3},
+				11: {txid: 11, toks: []resTok{{"p2", tok2}}, nrows: 1, rows: 1, seq: 4},
+			},
+			orphans:   map[int64]int{},
+			final:     map[string]int64{"p1": tok3, "p2": tok2},
+			rowPrefix: "p",
+			rowWrites: []rowWrite{
+				{txid: 0, ord: 1, tbl: rowsTC, op: rowInsert, id: 1, newRid: 1},
+				{txid: 0, ord: 2, tbl: rowsTC, op: rowInsert, id: 2, newRid: 2},
+				{txid: 10, ord: 3, tbl: rowsTC, op: rowUpdate, id: 1, oldRid: 1, newRid: 1, tok: tok1},
+				{txid: 10, ord: 4, tbl: rowsTC, op: rowUpdate, id: 2, oldRid: 2, newRid: 1, tok: tok1},
+				{txid: 10, ord: 5, tbl: rowsTC, op: rowInsert, id: 3, newRid: 2, tok: tok2},
+				{txid: 11, ord: 6, tbl: rowsTC, op: rowDelete, id: 3, oldRid: 2},
+			},
+			rows: map[string]map[int64]rowRec{rowsTC: {
+				1: {rid: 1, tok: tok1, txid: 10},
+				2: {rid: 1, tok: tok1, txid: 10},
+			}},
+		}
+		ev := []event{
+			{worker: 0, kind: opAcquire, res: "p1", tok: tok1, out: outOK},
+			{worker: 0, kind: opAcquire, res: "p2", tok: tok2, out: outOK},
+			{worker: 0, kind: opWrite, res: "p1", tok: tok1, txid: 10, out: outOK},
+			{worker: 0, kind: opWrite, res: "p1", tok: tok1, txid: 11, out: outOK},
+			{worker: 1, kind: opAcquire, res: "p1", tok: tok3, out: outOK},
+		}
+		return ev, st
+	}
+
+	t.Run("a clean history passes", func(t *testing.T) {
+		ev, st := clean()
+		r := checkHistory(ev, st)
+		require.Empty(t, r.violations)
+	})
+
+	cases := []struct {
+		name   string
+		mutate func(st *dbState)
+		want   string
+	}{
+		{"row of a resource whose token was not presented", func(st *dbState) {
+			st.txs[11] = txRec{txid: 11, toks: []resTok{{"p1", tok1}}, nrows: 1, rows: 1, seq: 4}
+		}, "wrote row 3 of rtc (delete) without presenting a token of p2"},
+		{"move without the old resource's token", func(st *dbState) {
+			st.txs[10] = txRec{txid: 10, toks: []resTok{{"p1", tok1}}, nrows: 3, rows: 3, seq: 3}
+		}, "wrote row 2 of rtc (update) without presenting a token of p2"},
+		{"token column disagrees with the presented token", func(st *dbState) {
+			st.rowWrites[2].tok = tok2
+			st.rows[rowsTC][1] = rowRec{rid: 1, tok: tok2, txid: 10}
+		}, "with token 8796093022210 in its token column, but presented 8796093022209"},
+		{"stale per-row write after a newer grant", func(st *dbState) {
+			st.txs[12] = txRec{txid: 12, toks: []resTok{{"p1", tok1}}, nrows: 1, rows: 1, seq: 6}
+			st.rowWrites = append(st.rowWrites, rowWrite{txid: 12, ord: 7, tbl: rowsTC, op: rowUpdate, id: 1, oldRid: 1, newRid: 1, tok: tok1})
+			st.rows[rowsTC][1] = rowRec{rid: 1, tok: tok1, txid: 12}
+		}, "p1: transaction 12 under token 8796093022209 committed (#6) after the grant"},
+		{"a row no committed write explains", func(st *dbState) {
+			st.rows[rowsTC][7] = rowRec{rid: 2, txid: -1}
+		}, "row 7 (resource 2, token 0, transaction -1) is in the table"},
+		{"a committed row write is lost", func(st *dbState) {
+			delete(st.rows[rowsTC], 1)
+		}, "row 1 (resource 1, transaction 10) is missing"},
+		{"a committed move is undone", func(st *dbState) {
+			st.rows[rowsTC][2] = rowRec{rid: 2, tok: tok1, txid: 10}
+		}, "row 2 is (resource 2"},
+		{"row log of a transaction that did not commit", func(st *dbState) {
+			st.rowWrites = append(st.rowWrites, rowWrite{txid: 99, ord: 8, tbl: rowsTC, op: rowInsert, id: 9, newRid: 1, tok: tok3})
+		}, "transaction 99 did not commit, yet its row log"},
+		{"delete of a row that is not there", func(st *dbState) {
+			st.rowWrites[5].id = 5
+			st.rows[rowsTC][3] = rowRec{rid: 2, tok: tok2, txid: 10}
+		}, "deleted row 5 of rtc in resource 2, but the row is not there"},
+		{"half a transaction's rows committed", func(st *dbState) {
+			st.orphans[98] = 1
+		}, "did not commit"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ev, st := clean()
+			c.mutate(&st)
 			r := checkHistory(ev, st)
 			require.NotEmpty(t, r.violations, "the checker missed: %s", c.name)
 			require.Contains(t, fmt.Sprint(r.violations), c.want)

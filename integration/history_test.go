@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -61,10 +62,22 @@ type workload struct {
 	// unguarded is the deliberately broken variant: the tables are not
 	// protected, so stale writes commit and the checker must say so.
 	unguarded bool
+	// rows is the per-row variant (rows_test.go): the resources are rows of
+	// two tables protected with fence.protect_rows, and a worker may hold
+	// two leases at once.
+	rows bool
 }
 
-func (w workload) schema() string        { return fmt.Sprintf("h%d", w.run) }
-func (w workload) resource(j int) string { return fmt.Sprintf("h%d/r%d", w.run, j) }
+func (w workload) schema() string { return fmt.Sprintf("h%d", w.run) }
+
+// resource names resource j: h<run>/r<j>, or h<run>/row:<j+1> in a per-row
+// run, where it is the resource of the rows whose resource id is j+1.
+func (w workload) resource(j int) string {
+	if w.rows {
+		return fmt.Sprintf("%s%d", w.rowPrefix(), j+1)
+	}
+	return fmt.Sprintf("h%d/r%d", w.run, j)
+}
 func (w workload) table(kind string, j int) string {
 	return fmt.Sprintf("%s.%s_%d", w.schema(), kind, j)
 }
@@ -78,10 +91,15 @@ type figures struct {
 	renewed, renewLost, released, vanished          int
 	reconnects, zombieWrites                        int
 	blindTried, blindRefused, blindCommitted        int
-	faults                                          map[string]int
-	exclusionPairs                                  int
-	violations                                      []string
-	unexpected                                      []string
+	// per-row runs: writes presenting another resource's token, and the
+	// guarded statements by kind
+	foreignTried, foreignRefused, foreignCommitted int
+	deadlocks                                      int // guarded transactions refused with 40P01
+	stmts                                          map[string]stmtFigures
+	faults                                         map[string]int
+	exclusionPairs                                 int
+	violations                                     []string
+	unexpected                                     []string
 }
 
 func (f *figures) add(o figures) {
@@ -104,12 +122,27 @@ func (f *figures) add(o figures) {
 	f.blindTried += o.blindTried
 	f.blindRefused += o.blindRefused
 	f.blindCommitted += o.blindCommitted
+	f.foreignTried += o.foreignTried
+	f.foreignRefused += o.foreignRefused
+	f.foreignCommitted += o.foreignCommitted
+	f.deadlocks += o.deadlocks
 	f.exclusionPairs += o.exclusionPairs
 	if f.faults == nil {
 		f.faults = map[string]int{}
 	}
 	for k, n := range o.faults {
 		f.faults[k] += n
+	}
+	if f.stmts == nil {
+		f.stmts = map[string]stmtFigures{}
+	}
+	for k, n := range o.stmts {
+		m := f.stmts[k]
+		m.tried += n.tried
+		m.refused += n.refused
+		m.committed += n.committed
+		m.rows += n.rows
+		f.stmts[k] = m
 	}
 	f.violations = append(f.violations, o.violations...)
 	f.unexpected = append(f.unexpected, o.unexpected...)
@@ -139,7 +172,24 @@ func (f *figures) log(t *testing.T, what string) {
 		f.released, f.vanished, f.reconnects, f.zombieWrites, total, strings.Join(fs, ", "),
 		f.staleRefused+f.staleCommitted, f.staleRefused, f.staleRefusedMidTx, f.staleCommitted,
 		f.blindTried, f.blindRefused, f.blindCommitted, f.exclusionPairs, len(f.violations), len(f.unexpected))
+	if len(f.stmts) == 0 && f.foreignTried == 0 {
+		return
+	}
+	var ks []string
+	for _, k := range slices.Sorted(maps.Keys(f.stmts)) {
+		n := f.stmts[k]
+		ks = append(ks, fmt.Sprintf("%s: tried %d, refused %d, committed %d (%d rows)", k, n.tried, n.refused, n.committed, n.rows))
+	}
+	t.Logf("%s, per-row statements: %s; writes presenting another resource's token %d, refused %d, committed %d; "+
+		"guarded transactions refused with a deadlock %d",
+		what, strings.Join(ks, "; "), f.foreignTried, f.foreignRefused, f.foreignCommitted, f.deadlocks)
 }
+
+// stmtFigures count the guarded statements of one kind in a per-row run:
+// sent, refused (that statement raised), and committed (its transaction
+// committed), with the rows the committed ones wrote. The rest rolled back
+// with their transaction or had their outcome lost.
+type stmtFigures struct{ tried, refused, committed, rows int }
 
 // history collects events from every goroutine.
 type history struct {
@@ -151,6 +201,10 @@ type history struct {
 	// writes that presented no token (blindWrite): tried, refused with
 	// FN002, and committed (each one a violation)
 	blindTried, blindRefused, blindCommitted atomic.Int64
+	// per-row runs: writes presenting the token of a resource the worker
+	// does not hold (foreignWrite), and statements by kind (under mu)
+	foreignTried, foreignRefused, foreignCommitted atomic.Int64
+	stmts                                          map[string]stmtFigures
 }
 
 func (h *history) add(e event) {
@@ -174,8 +228,14 @@ func outcome(err error) (out, code string) {
 }
 
 // expectedCode says which refusals the workload expects: FN001 (stale
-// token) always; with the tables unguarded none arise.
-func expectedCode(code string) bool { return code == sqlfuncs.CodeStaleToken }
+// token) always; with the tables unguarded none arise. In a per-row run
+// also a deadlock (40P01): a zombie's first statement on a resource's rows
+// locks some of them before its check refuses it, and the new holder's
+// statement over the same rows may have locked others first; PostgreSQL
+// rolls one back, which is safe (the zombie's would fail anyway).
+func (w workload) expectedCode(code string) bool {
+	return code == sqlfuncs.CodeStaleToken || (w.rows && code == "40P01")
+}
 
 // worker is one client.
 type worker struct {
@@ -190,6 +250,9 @@ type worker struct {
 	// long at its next step (between statements, also inside a transaction).
 	pauseNS atomic.Int64
 	unexp   []string
+	// deleted are rows this worker deleted (per-row runs), to insert again
+	// under the same id; no other worker uses them.
+	deleted []rowRef
 }
 
 // opTimeout bounds one statement of a worker: a frozen proxy holds a worker
@@ -261,7 +324,7 @@ func (wk *worker) finish(e event, err error) event {
 	if e.out == outLost {
 		wk.drop()
 	}
-	if e.out == outRefused && !expectedCode(e.code) {
+	if e.out == outRefused && !wk.w.expectedCode(e.code) {
 		wk.unexpected(e.kind, err)
 	}
 	wk.h.add(e)
@@ -413,7 +476,7 @@ func (wk *worker) write(ctx context.Context, j int, tok int64) event {
 		}
 		wk.step(ctx)
 		_, err := tx.Exec(ctx, `INSERT INTO `+wk.w.schema()+`.txlog (txid, res, tok, nrows, seq, lsn)
-			VALUES ($1, $2, $3, $4, nextval('`+wk.w.schema()+`.seq'), pg_current_wal_insert_lsn())`, txid, res, tok, n)
+			VALUES ($1, $2, $3, $4, nextval('`+wk.w.schema()+`.seq'), pg_current_wal_insert_lsn())`, txid, []string{res}, []int64{tok}, n)
 		return err
 	})
 	return wk.finish(event{worker: wk.id, kind: opWrite, res: res, tok: tok, txid: txid, midTx: done > 0}, err)
@@ -428,15 +491,24 @@ func (wk *worker) write(ctx context.Context, j int, tok int64) event {
 func (wk *worker) blindWrite(ctx context.Context, j int) {
 	ctx, cancel := context.WithTimeout(ctx, workerOpTimeout)
 	defer cancel()
-	tc, ut := wk.w.table("tc", j), wk.w.table("ut", j)
-	stmts := []string{
-		`UPDATE ` + tc + ` SET pos = pos + 1000 WHERE txid = (SELECT max(txid) FROM ` + tc + `)`,
-		`UPDATE ` + ut + ` SET pos = pos + 1000 WHERE txid = (SELECT max(txid) FROM ` + ut + `)`,
-		`DELETE FROM ` + tc + ` WHERE txid = (SELECT max(txid) FROM ` + tc + `)`,
-	}
+	merge := false
 	if v, _ := strconv.Atoi(strings.SplitN(wk.conn.PgConn().ParameterStatus("server_version"), ".", 2)[0]); v >= 15 {
-		stmts = append(stmts, `MERGE INTO `+tc+` t USING (SELECT max(txid) AS txid FROM `+tc+`) s ON t.txid = s.txid
+		merge = true
+	}
+	var stmts []string
+	if wk.w.rows {
+		stmts = wk.blindRowStatements(merge)
+	} else {
+		tc, ut := wk.w.table("tc", j), wk.w.table("ut", j)
+		stmts = []string{
+			`UPDATE ` + tc + ` SET pos = pos + 1000 WHERE txid = (SELECT max(txid) FROM ` + tc + `)`,
+			`UPDATE ` + ut + ` SET pos = pos + 1000 WHERE txid = (SELECT max(txid) FROM ` + ut + `)`,
+			`DELETE FROM ` + tc + ` WHERE txid = (SELECT max(txid) FROM ` + tc + `)`,
+		}
+		if merge {
+			stmts = append(stmts, `MERGE INTO `+tc+` t USING (SELECT max(txid) AS txid FROM `+tc+`) s ON t.txid = s.txid
 			WHEN MATCHED THEN UPDATE SET pos = t.pos + 1000`)
+		}
 	}
 	wk.h.blindTried.Add(1)
 	tag, err := wk.conn.Exec(ctx, stmts[wk.rng.IntN(len(stmts))])
@@ -453,6 +525,12 @@ func (wk *worker) blindWrite(ctx context.Context, j int) {
 	}
 }
 
+// lease is a lease a worker holds: resource j under token tok.
+type lease struct {
+	j   int
+	tok int64
+}
+
 // loop is the worker's life until ctx ends.
 func (wk *worker) loop(ctx context.Context) {
 	defer wk.drop()
@@ -462,26 +540,38 @@ func (wk *worker) loop(ctx context.Context) {
 		}
 		wk.step(ctx)
 		j := wk.rng.IntN(wk.w.resources)
-		res := wk.w.resource(j)
-		var tok int64
-		granted := false
-		for try := 0; try < 6 && ctx.Err() == nil && wk.conn != nil; try++ { // acquire, or wait and retry
-			if tok, granted = wk.acquire(ctx, res); granted {
-				break
-			}
-			wk.sleep(ctx, time.Duration(5+wk.rng.IntN(40))*time.Millisecond)
-		}
+		l, granted := wk.acquireOrWait(ctx, j)
 		if !granted {
 			continue
 		}
-		wk.hold(ctx, j, tok)
+		ls := []lease{l}
+		// In a per-row run, half the holders take a second resource too
+		// (without waiting long: they already hold one), so that their
+		// transactions write rows of both and move rows between them.
+		if wk.w.rows && wk.w.resources > 1 && wk.rng.IntN(2) == 0 && wk.conn != nil {
+			k := (j + 1 + wk.rng.IntN(wk.w.resources-1)) % wk.w.resources
+			if tok, ok := wk.acquire(ctx, wk.w.resource(k)); ok {
+				ls = append(ls, lease{k, tok})
+			}
+		}
+		wk.hold(ctx, ls)
 	}
 }
 
-// hold works under tok until the worker lets go of it.
-func (wk *worker) hold(ctx context.Context, j int, tok int64) {
-	res := wk.w.resource(j)
-	lost := false // the worker knows it lost the lease (renewal refused, FN001)
+// acquireOrWait tries to acquire resource j a few times.
+func (wk *worker) acquireOrWait(ctx context.Context, j int) (lease, bool) {
+	for try := 0; try < 6 && ctx.Err() == nil && wk.conn != nil; try++ { // acquire, or wait and retry
+		if tok, granted := wk.acquire(ctx, wk.w.resource(j)); granted {
+			return lease{j, tok}, true
+		}
+		wk.sleep(ctx, time.Duration(5+wk.rng.IntN(40))*time.Millisecond)
+	}
+	return lease{}, false
+}
+
+// hold works under the leases ls until the worker lets go of them.
+func (wk *worker) hold(ctx context.Context, ls []lease) {
+	lost := false // the worker knows it lost a lease (renewal refused, FN001)
 	rounds := 1 + wk.rng.IntN(5)
 	for i := 0; i < rounds && ctx.Err() == nil; i++ {
 		if wk.conn == nil {
@@ -499,8 +589,10 @@ func (wk *worker) hold(ctx context.Context, j int, tok int64) {
 		case r < 2: // a pause longer than the TTL (GC, swap, a stall)
 			wk.sleep(ctx, wk.w.ttl+time.Duration(wk.rng.Int64N(int64(2*wk.w.ttl))))
 		case r < 8:
-			if !wk.renew(ctx, res, tok) {
-				lost = true
+			for _, l := range ls {
+				if wk.conn != nil && !wk.renew(ctx, wk.w.resource(l.j), l.tok) {
+					lost = true
+				}
 			}
 		}
 		if wk.conn == nil {
@@ -510,12 +602,23 @@ func (wk *worker) hold(ctx context.Context, j int, tok int64) {
 			wk.h.zombie.Add(1)
 		}
 		if wk.rng.IntN(5) == 0 {
-			wk.blindWrite(ctx, j)
+			wk.blindWrite(ctx, ls[0].j)
 			if wk.conn == nil {
 				continue
 			}
 		}
-		e := wk.write(ctx, j, tok)
+		var e event
+		if wk.w.rows {
+			if wk.rng.IntN(6) == 0 {
+				wk.foreignWrite(ctx, ls)
+				if wk.conn == nil {
+					continue
+				}
+			}
+			e = wk.writeRows(ctx, ls)
+		} else {
+			e = wk.write(ctx, ls[0].j, ls[0].tok)
+		}
 		if e.out == outRefused {
 			lost = true
 			if wk.rng.IntN(3) != 0 { // a well-behaved holder stops; a zombie writes on
@@ -528,7 +631,11 @@ func (wk *worker) hold(ctx context.Context, j int, tok int64) {
 	}
 	switch r := wk.rng.IntN(10); {
 	case r < 6:
-		wk.release(ctx, res, tok)
+		for _, l := range ls {
+			if wk.conn != nil {
+				wk.release(ctx, wk.w.resource(l.j), l.tok)
+			}
+		}
 	case r < 8:
 		wk.h.vanished.Add(1) // walk away; the lease expires by itself
 	default:
@@ -645,11 +752,16 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 	f := figures{runs: 1, ops: len(events), faults: faults, exclusionPairs: res.exclusionPairs,
 		staleRefused: res.staleRefused, staleCommitted: res.staleCommitted, violations: res.violations,
 		reconnects: int(h.reconnects.Load()), zombieWrites: int(h.zombie.Load()), vanished: int(h.vanished.Load()),
-		blindTried: int(h.blindTried.Load()), blindRefused: int(h.blindRefused.Load()), blindCommitted: int(h.blindCommitted.Load())}
+		blindTried: int(h.blindTried.Load()), blindRefused: int(h.blindRefused.Load()), blindCommitted: int(h.blindCommitted.Load()),
+		foreignTried: int(h.foreignTried.Load()), foreignRefused: int(h.foreignRefused.Load()), foreignCommitted: int(h.foreignCommitted.Load()),
+		stmts: maps.Clone(h.stmts)}
 	if f.blindCommitted > 0 {
 		res.violations = append(res.violations, fmt.Sprintf("%d writes that presented no token committed", f.blindCommitted))
-		f.violations = res.violations
 	}
+	if f.foreignCommitted > 0 {
+		res.violations = append(res.violations, fmt.Sprintf("%d writes that presented the token of another resource committed", f.foreignCommitted))
+	}
+	f.violations = res.violations
 	for _, wk := range workers {
 		f.unexpected = append(f.unexpected, wk.unexp...)
 	}
@@ -675,6 +787,9 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 		}
 		if e.kind == opWrite && e.code == sqlfuncs.CodeStaleToken && e.midTx {
 			f.staleRefusedMidTx++
+		}
+		if e.kind == opWrite && e.code == "40P01" {
+			f.deadlocks++
 		}
 	}
 	for i, v := range res.violations {
@@ -753,7 +868,8 @@ func operatorRevoke(ctx context.Context, a *admin, w workload, res string, h *hi
 }
 
 // setupRun creates the run's schema: logs, sequence, and per resource a
-// table guarded by a token column and one guarded through fence.use_token.
+// table guarded by a token column and one guarded through fence.use_token
+// (in a per-row run, the two per-row tables of setupRows).
 func setupRun(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) {
 	t.Helper()
 	s := w.schema()
@@ -764,8 +880,16 @@ func setupRun(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) {
 			acquired_at timestamptz NOT NULL, expires_at timestamptz, seq bigint NOT NULL)`,
 		`CREATE TABLE ` + s + `.renew_log (res text NOT NULL, tok bigint NOT NULL, expires_at timestamptz NOT NULL, seq bigint NOT NULL)`,
 		`CREATE TABLE ` + s + `.end_log (res text NOT NULL, tok bigint NOT NULL, ended_at timestamptz NOT NULL, seq bigint NOT NULL)`,
-		`CREATE TABLE ` + s + `.txlog (txid bigint PRIMARY KEY, res text NOT NULL, tok bigint NOT NULL, nrows int NOT NULL,
+		`CREATE TABLE ` + s + `.txlog (txid bigint PRIMARY KEY, res text[] NOT NULL, tok bigint[] NOT NULL, nrows int NOT NULL,
 			seq bigint NOT NULL, lsn pg_lsn NOT NULL)`,
+	}
+	if w.rows {
+		for _, sql := range stmts {
+			_, err := conn.Exec(ctx, sql)
+			require.NoError(t, err, sql)
+		}
+		setupRows(t, ctx, conn, w)
+		return
 	}
 	for j := range w.resources {
 		for _, kind := range []string{"tc", "ut"} {
@@ -821,28 +945,11 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 	})
 	require.NoError(t, err)
 
-	var parts []string
-	for j := range w.resources {
-		parts = append(parts, `SELECT txid FROM `+w.table("tc", j), `SELECT txid FROM `+w.table("ut", j))
+	if w.rows {
+		readRows(t, ctx, tx, w, &st)
+	} else {
+		readGuardedRows(t, ctx, tx, w, &st)
 	}
-	rows, err = tx.Query(ctx, `SELECT g.txid, count(*), l.txid IS NOT NULL, coalesce(l.res, ''), coalesce(l.tok, 0), coalesce(l.nrows, 0), coalesce(l.seq, 0)
-		FROM (`+strings.Join(parts, " UNION ALL ")+`) g LEFT JOIN `+s+`.txlog l USING (txid)
-		GROUP BY g.txid, l.txid, l.res, l.tok, l.nrows, l.seq
-		UNION ALL
-		SELECT l.txid, 0, true, l.res, l.tok, l.nrows, l.seq FROM `+s+`.txlog l
-		 WHERE NOT EXISTS (SELECT 1 FROM (`+strings.Join(parts, " UNION ALL ")+`) g WHERE g.txid = l.txid)`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var tx txRec
-		var logged bool
-		require.NoError(t, rows.Scan(&tx.txid, &tx.rows, &logged, &tx.res, &tx.tok, &tx.nrows, &tx.seq))
-		if logged {
-			st.txs[tx.txid] = tx
-		} else {
-			st.orphans[tx.txid] = tx.rows
-		}
-	}
-	require.NoError(t, rows.Err())
 
 	rows, err = tx.Query(ctx, `SELECT resource, token FROM fence.leases WHERE resource LIKE $1`, s+"/%")
 	require.NoError(t, err)
@@ -854,6 +961,48 @@ func readState(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) db
 	}
 	require.NoError(t, rows.Err())
 	return st
+}
+
+// readGuardedRows reads the table-wide guarded tables of a run: the rows
+// each transaction left in them, and those of no committed transaction.
+func readGuardedRows(t *testing.T, ctx context.Context, tx pgx.Tx, w workload, st *dbState) {
+	t.Helper()
+	s := w.schema()
+	var parts []string
+	for j := range w.resources {
+		parts = append(parts, `SELECT txid FROM `+w.table("tc", j), `SELECT txid FROM `+w.table("ut", j))
+	}
+	rows, err := tx.Query(ctx, `SELECT g.txid, count(*), l.txid IS NOT NULL, coalesce(l.res, '{}'), coalesce(l.tok, '{}'), coalesce(l.nrows, 0), coalesce(l.seq, 0)
+		FROM (`+strings.Join(parts, " UNION ALL ")+`) g LEFT JOIN `+s+`.txlog l USING (txid)
+		GROUP BY g.txid, l.txid, l.res, l.tok, l.nrows, l.seq
+		UNION ALL
+		SELECT l.txid, 0, true, l.res, l.tok, l.nrows, l.seq FROM `+s+`.txlog l
+		 WHERE NOT EXISTS (SELECT 1 FROM (`+strings.Join(parts, " UNION ALL ")+`) g WHERE g.txid = l.txid)`)
+	require.NoError(t, err)
+	scanTxs(t, rows, st)
+}
+
+// scanTxs reads rows of (txid, rows found, logged, res[], tok[], nrows, seq)
+// into st.txs, or st.orphans when the transaction has no log row.
+func scanTxs(t *testing.T, rows pgx.Rows, st *dbState) {
+	t.Helper()
+	for rows.Next() {
+		var tx txRec
+		var logged bool
+		var res []string
+		var tok []int64
+		require.NoError(t, rows.Scan(&tx.txid, &tx.rows, &logged, &res, &tok, &tx.nrows, &tx.seq))
+		require.Len(t, tok, len(res))
+		for i := range res {
+			tx.toks = append(tx.toks, resTok{res[i], tok[i]})
+		}
+		if logged {
+			st.txs[tx.txid] = tx
+		} else {
+			st.orphans[tx.txid] = tx.rows
+		}
+	}
+	require.NoError(t, rows.Err())
 }
 
 // checkEnv reads the seed and durations of the randomized runs.
@@ -887,6 +1036,12 @@ func checkEnv(t *testing.T, short time.Duration) (seed uint64, total, perRun tim
 // ...).
 func TestRandomizedHistory(t *testing.T) {
 	t.Parallel()
+	randomizedHistory(t, false)
+}
+
+// randomizedHistory is TestRandomizedHistory, table-wide or per row
+// (TestRandomizedHistoryPerRow).
+func randomizedHistory(t *testing.T, rows bool) {
 	seed, total, perRun := checkEnv(t, 4*time.Second)
 	ctx, cancel := context.WithTimeout(t.Context(), total+5*time.Minute)
 	defer cancel()
@@ -895,11 +1050,15 @@ func TestRandomizedHistory(t *testing.T) {
 		c.Stop(t, "immediate")
 		c.Start(t)
 	}
+	resources := 3
+	if rows {
+		resources = 6
+	}
 	var all figures
 	start := time.Now()
 	for run := 0; run == 0 || time.Since(start)+perRun <= total; run++ {
-		w := workload{seed: seed + uint64(run), run: run, workers: 5, resources: 3, duration: perRun,
-			ttl: 150 * time.Millisecond, faults: true, crash: crash}
+		w := workload{seed: seed + uint64(run), run: run, workers: 5, resources: resources, duration: perRun,
+			ttl: 150 * time.Millisecond, faults: true, crash: crash, rows: rows}
 		f := runWorkload(t, ctx, target{url: c.URL(), crash: crash}, w)
 		f.log(t, fmt.Sprintf("run %d (seed %d)", run, w.seed))
 		all.add(f)
@@ -921,14 +1080,24 @@ func TestRandomizedHistory(t *testing.T) {
 // did not, a clean report from TestRandomizedHistory would mean nothing.
 func TestHistoryCheckerCatchesUnguardedTables(t *testing.T) {
 	t.Parallel()
+	catchesUnguarded(t, false)
+}
+
+// catchesUnguarded is TestHistoryCheckerCatchesUnguardedTables, table-wide
+// or per row (TestHistoryCheckerCatchesUnguardedRows).
+func catchesUnguarded(t *testing.T, rows bool) {
 	seed, _, _ := checkEnv(t, 0)
 	db := pgtest.Setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
+	resources := 1
+	if rows {
+		resources = 3
+	}
 	var f figures
 	for run := 0; run < 5 && f.staleCommitted == 0; run++ {
-		w := workload{seed: seed + uint64(run), run: run, workers: 4, resources: 1, duration: 2 * time.Second,
-			ttl: 60 * time.Millisecond, faults: true, unguarded: true}
+		w := workload{seed: seed + uint64(run), run: run, workers: 4, resources: resources, duration: 2 * time.Second,
+			ttl: 60 * time.Millisecond, faults: true, unguarded: true, rows: rows}
 		f.add(runWorkload(t, ctx, target{url: db.URL}, w))
 	}
 	f.log(t, "unguarded")
