@@ -139,12 +139,21 @@ $$;
 -- Runs with the writer's rights and search_path: every name, operator and
 -- type is schema-qualified (see fence._guard_source), and the resource
 -- column is converted to text by a cast to pg_catalog.text of one of the
--- built-in types fence.protect_rows accepts (no user code runs).
+-- built-in types fence.protect_rows accepts (no user code runs). Resource
+-- names are compared byte by byte (COLLATE "C"), as fence.lease compares
+-- them: under a nondeterministic collation of the resource column,
+-- 'user:Alice' and 'user:alice' would otherwise be one resource to DISTINCT
+-- and NOT EXISTS while they are two leases. #variable_conflict: a column of
+-- the table named like a variable (pre, regj, ...) must not make every write
+-- fail. A table that got inheritance children after protect_rows refuses
+-- every write: the parent's row triggers do not fire for the children's
+-- rows, while its statement triggers see them.
 CREATE FUNCTION fence._rows_source(rcol name, tcol name) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $f$
     SELECT pg_catalog.replace(pg_catalog.replace(pg_catalog.concat(
 $s$
+#variable_conflict use_variable
 DECLARE
     pre pg_catalog.text := TG_ARGV[0];
     res pg_catalog.text;
@@ -160,7 +169,7 @@ $s$
     IF TG_LEVEL OPERATOR(pg_catalog.=) 'ROW' THEN
         IF TG_NAME OPERATOR(pg_catalog.=) '~fence_guard_0_mark' THEN
             IF NEW.@T@ OPERATOR(pg_catalog.<=) 0 THEN
-                PERFORM fence.check(pre OPERATOR(pg_catalog.||) NEW.@R@::pg_catalog.text, NEW.@T@);
+                PERFORM fence.check((pre OPERATOR(pg_catalog.||) NEW.@R@::pg_catalog.text) COLLATE pg_catalog."C", NEW.@T@);
             END IF;
             NEW.@T@ := OPERATOR(pg_catalog.-) NEW.@T@;
             RETURN NEW;
@@ -173,7 +182,7 @@ $s$
         IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' AND NEW.@T@ IS NOT NULL THEN
             RETURN NEW;
         END IF;
-        res := pre OPERATOR(pg_catalog.||) NEW.@R@::pg_catalog.text;
+        res := (pre OPERATOR(pg_catalog.||) NEW.@R@::pg_catalog.text) COLLATE pg_catalog."C";
         reg := pg_catalog.current_setting('fence.tokens', true);
         IF reg OPERATOR(pg_catalog.<>) '' THEN
             tok := (reg::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
@@ -187,34 +196,41 @@ $s$
 $s$
         END,
 $s$
+    -- Rows of inheritance children (created after protect_rows) pass the
+    -- statement triggers of this table but not its row triggers: refuse.
+    IF EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID) THEN
+        RAISE EXCEPTION 'pgfence: per-row protected table % has inheritance children', TG_RELID::pg_catalog.regclass
+            USING ERRCODE = '42809',
+                  HINT = 'the guard does not see the children''s rows as they are written: drop the children (or ALTER TABLE ... NO INHERIT), or fence.unprotect the table';
+    END IF;
     reg := pg_catalog.current_setting('fence.tokens', true);
     IF reg OPERATOR(pg_catalog.<>) '' THEN
         regj := reg::pg_catalog.jsonb;
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg(q.t) INTO rs, ts FROM (
-            SELECT DISTINCT pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text AS r, @NT@ AS t FROM fence_new n) q;
+            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text) COLLATE pg_catalog."C" AS r, @NT@ AS t FROM fence_new n) q;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg((regj OPERATOR(pg_catalog.->>) q.r)::pg_catalog.int8) INTO rs, ts FROM (
-            SELECT DISTINCT pre OPERATOR(pg_catalog.||) o.@R@::pg_catalog.text AS r FROM fence_old o) q;
+            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) o.@R@::pg_catalog.text) COLLATE pg_catalog."C" AS r FROM fence_old o) q;
     ELSE
 $s$,
         CASE WHEN tcol IS NOT NULL THEN
 $s$
         SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg(q.t) INTO rs, ts FROM (
-            SELECT DISTINCT pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text AS r, n.@T@ AS t FROM fence_new n
+            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text) COLLATE pg_catalog."C" AS r, n.@T@ AS t FROM fence_new n
             UNION ALL
             SELECT g.r, (regj OPERATOR(pg_catalog.->>) g.r)::pg_catalog.int8 FROM (
-                SELECT DISTINCT pre OPERATOR(pg_catalog.||) o.@R@::pg_catalog.text AS r FROM fence_old o) g
+                SELECT DISTINCT (pre OPERATOR(pg_catalog.||) o.@R@::pg_catalog.text) COLLATE pg_catalog."C" AS r FROM fence_old o) g
              WHERE NOT EXISTS (SELECT FROM fence_new n
-                                WHERE pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text OPERATOR(pg_catalog.=) g.r)) q;
+                                WHERE (pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) g.r)) q;
 $s$
         ELSE
 $s$
         SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg((regj OPERATOR(pg_catalog.->>) q.r)::pg_catalog.int8) INTO rs, ts FROM (
-            SELECT pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text AS r FROM fence_new n
+            SELECT (pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text) COLLATE pg_catalog."C" AS r FROM fence_new n
             UNION
-            SELECT pre OPERATOR(pg_catalog.||) o.@R@::pg_catalog.text FROM fence_old o) q;
+            SELECT (pre OPERATOR(pg_catalog.||) o.@R@::pg_catalog.text) COLLATE pg_catalog."C" FROM fence_old o) q;
 $s$
         END,
 $s$
@@ -226,7 +242,7 @@ $s$
 END
 $s$),
         '@NT@', CASE WHEN tcol IS NOT NULL THEN 'n.@T@'
-                     ELSE '(regj OPERATOR(pg_catalog.->>) (pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text))::pg_catalog.int8' END),
+                     ELSE '(regj OPERATOR(pg_catalog.->>) ((pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text) COLLATE pg_catalog."C"))::pg_catalog.int8' END),
         '@R@', pg_catalog.quote_ident(rcol))
 $f$;
 
@@ -273,8 +289,9 @@ $$;
 
 -- TRUNCATE of a per-row table: it removes the rows of every resource the
 -- table holds, so it needs the token fence.use_token registered for each of
--- them (read under TRUNCATE's ACCESS EXCLUSIVE lock, so no row can come or
--- go meanwhile). An empty table truncates freely.
+-- them (read under TRUNCATE's ACCESS EXCLUSIVE lock with a fresh READ
+-- COMMITTED snapshot, so no row can come or go meanwhile; other isolation
+-- levels are refused, see below). An empty table truncates freely.
 CREATE FUNCTION fence._rows_truncate() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -284,7 +301,15 @@ DECLARE
     ts  bigint[];
     reg jsonb := nullif(current_setting('fence.tokens', true), '')::jsonb;
 BEGIN
-    EXECUTE format('SELECT array_agg(DISTINCT %L || %I::text) FROM %s', TG_ARGV[0], TG_ARGV[2], TG_RELID::regclass) INTO rs;
+    -- The rows are read with a snapshot of the transaction's: under
+    -- REPEATABLE READ or SERIALIZABLE it may predate rows that TRUNCATE
+    -- removes all the same, whose resources would then go unchecked.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfence: TRUNCATE of per-row protected table % needs READ COMMITTED', TG_RELID::regclass
+            USING ERRCODE = '0A000',
+                  HINT = 'under REPEATABLE READ or SERIALIZABLE the rows of resources granted after the snapshot would go unchecked: truncate under READ COMMITTED, or DELETE';
+    END IF;
+    EXECUTE format('SELECT array_agg(DISTINCT (%L || %I::text) COLLATE "C") FROM %s', TG_ARGV[0], TG_ARGV[2], TG_RELID::regclass) INTO rs;
     IF rs IS NOT NULL THEN
         ts := ARRAY(SELECT (reg ->> u.r)::bigint FROM unnest(rs) WITH ORDINALITY AS u(r, i) ORDER BY u.i);
         PERFORM fence._check_many(rs, ts, TG_OP, TG_RELID);
