@@ -129,7 +129,28 @@ func (c *Client) Protect(ctx context.Context, table, resource, tokenColumn strin
 	return nil
 }
 
-// Unprotect removes the guard triggers that Protect installed on table.
+// ProtectRows guards table per row: the resource of a row is prefix followed
+// by the row's resourceColumn as text (resourceColumn "id" and prefix
+// "invoice:" put row 42 under resource "invoice:42", leased like any other
+// resource), and a write commits only when it presented the latest token of
+// the resource of every row it wrote: in tokenColumn (a bigint column; ""
+// for none), or with fence.use_token for that row's resource earlier in the
+// transaction (Lease.Tx and Lease.UseToken register the tokens of all the
+// leases they are given). DELETE, moving a row to another resource (its old
+// resource) and TRUNCATE (every resource that has rows) need
+// fence.use_token. Only the table's owner may do it; Unprotect undoes it.
+func (c *Client) ProtectRows(ctx context.Context, table, resourceColumn, prefix, tokenColumn string) error {
+	if err := c.ensureInstalled(ctx); err != nil {
+		return err
+	}
+	if err := sqlfuncs.ProtectRows(ctx, c.pool, table, resourceColumn, prefix, tokenColumn); err != nil {
+		return fmt.Errorf("pgfence: protecting %s per row: %w", table, err)
+	}
+	return nil
+}
+
+// Unprotect removes the guard triggers that Protect or ProtectRows installed
+// on table.
 func (c *Client) Unprotect(ctx context.Context, table string) error {
 	if err := c.ensureInstalled(ctx); err != nil {
 		return err

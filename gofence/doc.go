@@ -101,6 +101,18 @@
 // small interface DB (Exec and QueryRow) that pgx types and their wrappers
 // satisfy.
 //
+// Both take further leases as trailing arguments, for a transaction that
+// writes rows of several resources (a table protected per row with
+// Client.ProtectRows, or several protected tables): every token is
+// registered in the same statement, in the order of the resource names, so
+// that two transactions over the same resources take their gates in the
+// same order (a grant waiting between them cannot join two such
+// transactions in a lock cycle). A stale lease among them fails the
+// transaction before the function runs; a row whose resource's lease was
+// not passed fails its statement with ErrNoToken. A nil lease, and two
+// different leases on one resource (at most one of them can be current),
+// are refused before anything is sent; a lease passed twice counts once.
+//
 // # Leader election
 //
 // Elect is Lock, then the function under the lease, then Release, in a loop:

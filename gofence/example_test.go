@@ -179,6 +179,87 @@ func ExampleLease_Tx() {
 	// Output: stale: true
 }
 
+func ExampleClient_ProtectRows() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	client, err := gofence.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	// Every row of invoices is a resource of its own: row 4 needs the token
+	// of "invoice:4" (no token column here: the tokens come from Lease.Tx).
+	if _, err := pool.Exec(ctx, `CREATE TABLE invoices (id int PRIMARY KEY, status text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	if err := client.ProtectRows(ctx, "invoices", "id", "invoice:", ""); err != nil {
+		log.Fatal(err)
+	}
+
+	// Three workers, each holding the leases of two invoices.
+	leases := make([][]*gofence.Lease, 3)
+	for w := range leases {
+		for _, id := range []int{2*w + 1, 2*w + 2} {
+			l, err := client.Acquire(ctx, fmt.Sprintf("invoice:%d", id), gofence.WithHolder(fmt.Sprintf("worker-%d", w)))
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer l.Release(ctx)
+			leases[w] = append(leases[w], l)
+		}
+	}
+	// Each worker writes both its rows in one transaction under both leases,
+	// all workers at once.
+	round := func(status string) {
+		errs := make([]error, len(leases))
+		var wg sync.WaitGroup
+		for w, ls := range leases {
+			wg.Go(func() {
+				errs[w] = ls[0].Tx(ctx, pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO invoices VALUES ($1, $3), ($2, $3)
+						ON CONFLICT (id) DO UPDATE SET status = excluded.status`, 2*w+1, 2*w+2, status)
+					return err
+				}, ls[1:]...)
+			})
+		}
+		wg.Wait()
+		for w, err := range errs {
+			switch {
+			case errors.Is(err, gofence.ErrStaleToken):
+				fmt.Printf("worker %d refused: stale token\n", w)
+			case err != nil:
+				log.Fatal(err)
+			default:
+				fmt.Printf("worker %d wrote %s\n", w, status)
+			}
+		}
+	}
+
+	round("paid")
+	// An operator takes invoice 4 away from worker 1 (or its lease expired
+	// and another worker got it).
+	if _, err := client.Revoke(ctx, "invoice:4"); err != nil {
+		log.Fatal(err)
+	}
+	round("shipped")
+
+	var rows string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(id || ' ' || status, ', ' ORDER BY id) FROM invoices`).Scan(&rows); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(rows)
+	// Output:
+	// worker 0 wrote paid
+	// worker 1 wrote paid
+	// worker 2 wrote paid
+	// worker 0 wrote shipped
+	// worker 1 refused: stale token
+	// worker 2 wrote shipped
+	// 1 shipped, 2 shipped, 3 paid, 4 paid, 5 shipped, 6 shipped
+}
+
 func ExampleLease_UseToken() {
 	pool, done := exampleDB()
 	defer done()

@@ -1,9 +1,14 @@
 package gofence_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/gofence"
@@ -125,4 +130,229 @@ func TestUseTokenFencesTheCallersTransaction(t *testing.T) {
 	var n int
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM journal`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// rowsSetup is setup plus a table inv(id, note) protected per row without a
+// token column (row 42 belongs to resource "inv:42", and every write needs
+// fence.use_token for it), and a client.
+func rowsSetup(t *testing.T) (*bundle, *gofence.Client) {
+	t.Helper()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{})
+	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE inv (id int PRIMARY KEY, note text NOT NULL)`)
+	require.NoError(t, err)
+	require.NoError(t, c.ProtectRows(b.ctx, "inv", "id", "inv:", ""))
+	return b, c
+}
+
+// invRows returns the rows of inv as "id:note", in id order.
+func (b *bundle) invRows(t *testing.T) string {
+	t.Helper()
+	var s string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT coalesce(string_agg(id || ':' || note, ',' ORDER BY id), '') FROM inv`).Scan(&s))
+	return s
+}
+
+func acquire(t *testing.T, b *bundle, c *gofence.Client, resource string) *gofence.Lease {
+	t.Helper()
+	l, err := c.Acquire(b.ctx, resource)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	return l
+}
+
+// A transaction under several leases may write the rows of all their
+// resources in a table protected per row; without the lease of one row's
+// resource it is refused and nothing commits; a stale lease among them
+// refuses the whole transaction before fn runs.
+func TestTxUnderSeveralLeases(t *testing.T) {
+	t.Parallel()
+
+	t.Run("writes rows of every lease's resource", func(t *testing.T) {
+		t.Parallel()
+		b, c := rowsSetup(t)
+		l1, l2 := acquire(t, b, c, "inv:1"), acquire(t, b, c, "inv:2")
+		require.NoError(t, l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b')`)
+			return err
+		}, l2))
+		require.Equal(t, "1:a,2:b", b.invRows(t))
+		// The order of the leases does not matter, nor does the form.
+		require.NoError(t, l2.TxOptions(b.ctx, b.db.Pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(b.ctx, `UPDATE inv SET note = note || '!'`)
+			return err
+		}, l1))
+		require.NoError(t, l1.TxConn(b.ctx, b.db.Conn(t), func(tx pgx.Tx) error {
+			_, err := tx.Exec(b.ctx, `DELETE FROM inv WHERE id = 2`)
+			return err
+		}, l2))
+		require.Equal(t, "1:a!", b.invRows(t))
+	})
+
+	t.Run("a row whose lease is missing is refused and nothing commits", func(t *testing.T) {
+		t.Parallel()
+		b, c := rowsSetup(t)
+		l1 := acquire(t, b, c, "inv:1")
+		acquire(t, b, c, "inv:2") // held, but not passed to the Tx
+		err := l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a')`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (2, 'b')`)
+			return err
+		})
+		require.ErrorIs(t, err, gofence.ErrNoToken)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr))
+		require.Contains(t, pgErr.Detail, "resource=inv:2")
+		require.Empty(t, b.invRows(t), "row 1 was rolled back with the rest")
+	})
+
+	t.Run("a stale lease among several refuses the transaction", func(t *testing.T) {
+		t.Parallel()
+		b, c := rowsSetup(t)
+		l1, l2, l3 := acquire(t, b, c, "inv:1"), acquire(t, b, c, "inv:2"), acquire(t, b, c, "inv:3")
+		_, err := sqlfuncs.Revoke(b.ctx, b.db.Pool, "inv:2") // an operator, in another session
+		require.NoError(t, err)
+		ran := false
+		err = l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			ran = true
+			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b'), (3, 'c')`)
+			return err
+		}, l2, l3)
+		require.ErrorIs(t, err, gofence.ErrStaleToken)
+		require.False(t, ran, "the tokens are checked with BEGIN, before fn")
+		require.ErrorContains(t, err, "stale fencing token")
+		require.ErrorContains(t, err, "inv:2")
+
+		// Once the lease knows it is lost, the error says so too, and names
+		// every lease of the transaction.
+		require.ErrorIs(t, l2.Renew(b.ctx), gofence.ErrLost)
+		err = l3.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error { return nil }, l1, l2)
+		require.ErrorIs(t, err, gofence.ErrStaleToken)
+		require.ErrorIs(t, err, gofence.ErrLost)
+		require.ErrorContains(t, err, fmt.Sprintf("transaction under inv:3 token %d, inv:1 token %d, inv:2 token %d:", l3.Token(), l1.Token(), l2.Token()))
+		require.NoError(t, l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error { return nil }, l3), "the others still hold")
+		require.Empty(t, b.invRows(t))
+	})
+
+	t.Run("every lease's gate is held until the transaction ends", func(t *testing.T) {
+		t.Parallel()
+		b, c := rowsSetup(t)
+		l1, l2 := acquire(t, b, c, "inv:1"), acquire(t, b, c, "inv:2")
+		inside, proceed := make(chan struct{}), make(chan struct{})
+		txDone := make(chan error, 1)
+		go func() {
+			txDone <- l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+				close(inside)
+				<-proceed
+				_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b')`)
+				return err
+			}, l2)
+		}()
+		<-inside
+		op := b.db.Conn(t) // the operator's session
+		var pid uint32
+		require.NoError(t, op.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+		revoked := make(chan error, 1)
+		go func() { _, err := sqlfuncs.Revoke(b.ctx, op, "inv:2"); revoked <- err }()
+		for waiting := false; !waiting; { // until the revoke waits for a lock, failing if it finishes
+			select {
+			case err := <-revoked:
+				close(proceed)
+				t.Fatalf("the revoke of inv:2 finished while the transaction under its token was open (err %v)", err)
+			case <-time.After(10 * time.Millisecond):
+			}
+			require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')`, pid).Scan(&waiting))
+		}
+		close(proceed)
+		require.NoError(t, <-txDone, "the writes under both tokens commit before the revoke")
+		require.NoError(t, <-revoked)
+		require.Equal(t, "1:a,2:b", b.invRows(t))
+		err := l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(b.ctx, `UPDATE inv SET note = 'late'`)
+			return err
+		}, l2)
+		require.ErrorIs(t, err, gofence.ErrStaleToken)
+		require.Equal(t, "1:a,2:b", b.invRows(t))
+	})
+
+	t.Run("nil leases, duplicates and two leases on one resource", func(t *testing.T) {
+		t.Parallel()
+		b, c := rowsSetup(t)
+		l1, l2 := acquire(t, b, c, "inv:1"), acquire(t, b, c, "inv:2")
+		ran := false
+		fn := func(tx pgx.Tx) error {
+			ran = true
+			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b')`)
+			return err
+		}
+		err := l1.Tx(b.ctx, b.db.Pool, fn, l2, nil)
+		require.ErrorContains(t, err, "is nil")
+		require.False(t, ran, "refused before anything was sent")
+		var none *gofence.Lease
+		require.ErrorContains(t, none.Tx(b.ctx, b.db.Pool, fn, l1, l2), "nil *Lease")
+		require.False(t, ran)
+
+		// The same lease twice counts once.
+		require.NoError(t, l1.Tx(b.ctx, b.db.Pool, fn, l2, l1, l2))
+		require.Equal(t, "1:a,2:b", b.invRows(t))
+
+		// An old lease and a new one on the same resource: at most one can
+		// be current, so the pair is refused whatever the database says.
+		_, err = sqlfuncs.Revoke(b.ctx, b.db.Pool, "inv:1")
+		require.NoError(t, err)
+		newer := acquire(t, b, c, "inv:1")
+		ran = false
+		err = newer.Tx(b.ctx, b.db.Pool, fn, l2, l1)
+		require.ErrorContains(t, err, "two leases on inv:1")
+		require.False(t, ran)
+	})
+}
+
+// UseToken with several leases registers all their tokens in the caller's
+// transaction.
+func TestUseTokenWithSeveralLeases(t *testing.T) {
+	t.Parallel()
+	b, c := rowsSetup(t)
+	l1, l2, l3 := acquire(t, b, c, "inv:1"), acquire(t, b, c, "inv:2"), acquire(t, b, c, "inv:3")
+
+	t.Run("every token is registered", func(t *testing.T) {
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(b.ctx)
+		require.NoError(t, l1.UseToken(b.ctx, tx, l2, l3))
+		_, err = tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b'), (3, 'c')`)
+		require.NoError(t, err)
+		_, err = tx.Exec(b.ctx, `DELETE FROM inv WHERE id = 3`)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(b.ctx))
+		require.Equal(t, "1:a,2:b", b.invRows(t))
+	})
+
+	t.Run("outside a transaction, or with a nil lease, it refuses", func(t *testing.T) {
+		err := l1.UseToken(b.ctx, b.db.Pool, l2)
+		require.ErrorContains(t, err, "needs a transaction")
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(b.ctx)
+		require.ErrorContains(t, l1.UseToken(b.ctx, tx, nil), "is nil")
+		_, err = tx.Exec(b.ctx, `SELECT 1`)
+		require.NoError(t, err, "nothing was sent: the transaction is not aborted")
+	})
+
+	t.Run("a stale lease among them aborts the transaction", func(t *testing.T) {
+		_, err := sqlfuncs.Revoke(b.ctx, b.db.Pool, "inv:3")
+		require.NoError(t, err)
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(b.ctx)
+		err = l1.UseToken(b.ctx, tx, l2, l3)
+		require.ErrorIs(t, err, gofence.ErrStaleToken)
+		require.ErrorContains(t, err, "inv:3")
+		_, err = tx.Exec(b.ctx, `UPDATE inv SET note = 'x'`)
+		require.Error(t, err, "the transaction is aborted")
+		require.NoError(t, tx.Rollback(b.ctx))
+		require.Equal(t, "1:a,2:b", b.invRows(t))
+	})
 }

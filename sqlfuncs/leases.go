@@ -87,6 +87,19 @@ func ListLeases(ctx context.Context, db Querier) ([]LeaseRow, error) {
 // on. It fails like UseToken (ErrStaleToken, ...) and then leaves conn
 // outside any transaction.
 func BeginWithToken(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, resource string, token int64) (pgx.Tx, error) {
+	return BeginWithTokens(ctx, conn, opts, []string{resource}, []int64{token})
+}
+
+// BeginWithTokens is BeginWithToken for several resources: it begins a
+// transaction on conn and registers tokens[i] for resources[i] with
+// fence.use_token, in the order given, all in the same round trip as BEGIN.
+// The first token that fails the check ends it like UseToken (ErrStaleToken,
+// ...), and conn is then outside any transaction. The two slices must have
+// the same, non-zero length (else an error, and nothing is sent).
+func BeginWithTokens(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, resources []string, tokens []int64) (pgx.Tx, error) {
+	if err := checkPairs(resources, tokens); err != nil {
+		return nil, err
+	}
 	begin := "BEGIN"
 	if opts.IsoLevel != "" {
 		begin += " ISOLATION LEVEL " + string(opts.IsoLevel)
@@ -97,7 +110,17 @@ func BeginWithToken(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, res
 	if opts.DeferrableMode != "" {
 		begin += " " + string(opts.DeferrableMode)
 	}
-	opts.BeginQuery = begin + "; SELECT fence.use_token(" + quoteLiteral(resource) + ", " + strconv.FormatInt(token, 10) + ")"
+	// One SELECT whose columns are the calls, evaluated left to right. The
+	// simple query protocol takes no parameters, hence the literals.
+	var q strings.Builder
+	q.WriteString(begin + "; SELECT ")
+	for i, r := range resources {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("fence.use_token(" + quoteLiteral(r) + ", " + strconv.FormatInt(tokens[i], 10) + ")")
+	}
+	opts.BeginQuery = q.String()
 	tx, err := conn.BeginTx(ctx, opts)
 	if err != nil {
 		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
@@ -111,6 +134,19 @@ func BeginWithToken(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, res
 		return nil, Translate(err)
 	}
 	return tx, nil
+}
+
+// checkPairs refuses resource and token lists that do not pair up, before
+// anything is sent: registering fewer tokens than the caller meant would
+// only show later, as a refused write.
+func checkPairs(resources []string, tokens []int64) error {
+	if len(resources) != len(tokens) {
+		return fmt.Errorf("pgfence: %d resources but %d tokens: pass one token per resource", len(resources), len(tokens))
+	}
+	if len(resources) == 0 {
+		return errors.New("pgfence: no resources given: pass at least one resource and its token")
+	}
+	return nil
 }
 
 // quoteLiteral quotes s as an E” string literal, correct whatever

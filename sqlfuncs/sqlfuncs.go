@@ -127,6 +127,21 @@ func UseToken(ctx context.Context, db DB, resource string, token int64) error {
 	return exec(ctx, db, `SELECT fence.use_token($1, $2)`, resource, token)
 }
 
+// UseTokens calls fence.use_token(resources[i], tokens[i]) for every i, in
+// the order given, in one statement: the first token that fails the check
+// ends the statement (ErrStaleToken, ...) and aborts the transaction. Each
+// registration takes the resource's gate (a shared advisory lock) until the
+// transaction ends, so this is for a handful of resources; a statement that
+// writes rows of many resources of a per-row table should assign the token
+// column instead. The two slices must have the same, non-zero length (else
+// an error, and nothing is sent). Call it inside a transaction, as UseToken.
+func UseTokens(ctx context.Context, db DB, resources []string, tokens []int64) error {
+	if err := checkPairs(resources, tokens); err != nil {
+		return err
+	}
+	return exec(ctx, db, `SELECT fence.use_token(u.r, u.t) FROM unnest($1::text[], $2::bigint[]) AS u(r, t)`, resources, tokens)
+}
+
 // Protect calls fence.protect(table, resource, token_column): it installs the
 // guard triggers on table (a name as PostgreSQL would parse it, such as
 // "public.orders" or `"Mixed Case"`). With tokenColumn, INSERT and UPDATE take

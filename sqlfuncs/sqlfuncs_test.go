@@ -91,7 +91,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 		"release":         sqlfuncs.Release,
 		"revoke":          sqlfuncs.Revoke,
 		"check":           sqlfuncs.Check,
-		"use_token":       sqlfuncs.UseToken,
+		"use_token":       sqlfuncs.UseToken, // and UseTokens, BeginWithToken(s): the same function for several resources, or with BEGIN
 		"protect":         sqlfuncs.Protect,
 		"protect_rows":    sqlfuncs.ProtectRows,
 		"unprotect":       sqlfuncs.Unprotect,

@@ -106,6 +106,10 @@ const (
 	// leave unguarded (001's down file refuses then).
 	kitProtectedSQL = `SELECT coalesce(string_agg(DISTINCT tbl::text, ', '), '') FROM fence.protected`
 	kitLeasesSQL    = `SELECT EXISTS (SELECT FROM fence.lease)`
+	// kitRowsProtectedSQL lists the tables protected per row, which
+	// migrating below version 4 would leave unguarded (004's down file
+	// refuses then). Only for version 4 and later: older views have no form.
+	kitRowsProtectedSQL = `SELECT coalesce(string_agg(DISTINCT tbl::text, ', '), '') FROM fence.protected WHERE form = 'rows'`
 )
 
 // readKit reads the kit's state as the pool's role, writing nothing.
@@ -140,7 +144,6 @@ func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 	return k, nil
 }
 
-// protectedTables lists the tables guarded by the kit, for the kit's owner.
 // hasLeases reports whether fence.lease has any row (a resource was ever
 // granted).
 func hasLeases(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
@@ -149,9 +152,18 @@ func hasLeases(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	return b, err
 }
 
+// protectedTables lists the tables guarded by the kit, for the kit's owner.
 func protectedTables(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	var tables string
 	err := pool.QueryRow(ctx, kitProtectedSQL).Scan(&tables)
+	return tables, err
+}
+
+// rowsProtectedTables lists the tables protected per row (fence.protect_rows),
+// for the kit's owner at version 4 or later.
+func rowsProtectedTables(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var tables string
+	err := pool.QueryRow(ctx, kitRowsProtectedSQL).Scan(&tables)
 	return tables, err
 }
 

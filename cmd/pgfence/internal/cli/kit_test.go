@@ -200,6 +200,75 @@ func TestMigrateDownChecksFirst(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
 }
 
+// TestMigrateBelow4RefusesWhileTablesAreProtectedPerRow: versions before 4
+// have no per-row guard, and 004's down file raises while a table is
+// protected per row, after golang-migrate has marked the version dirty. So
+// migrate refuses any target below 4 first, naming those tables and the fix,
+// and changes nothing; unprotecting them, or protecting them table-wide,
+// lets it go on.
+func TestMigrateBelow4RefusesWhileTablesAreProtectedPerRow(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	url := "--database-url=" + db.URL
+	ctx := t.Context()
+	for _, sql := range []string{
+		`CREATE TABLE inv (id int PRIMARY KEY, fence_token bigint)`,
+		`CREATE TABLE lines (id int PRIMARY KEY)`,
+		`CREATE TABLE orders (id int PRIMARY KEY, fence_token bigint)`,
+	} {
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "inv", "id", "inv:", "fence_token"))
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "lines", "id", "inv:", ""))
+	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "orders", "orders", "fence_token"))
+	protected := func() string {
+		var s string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT string_agg(tbl || ':' || form, ',' ORDER BY tbl::text) FROM fence.protected`).Scan(&s))
+		return s
+	}
+	unchanged := func(t *testing.T) {
+		t.Helper()
+		code, out, errOut := run(t, "migrate", "version", url)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out, "not dirty, not migrated")
+		require.Equal(t, "inv:rows,lines:rows,orders:table", protected())
+	}
+
+	toVersion3 := fmt.Sprint(migrations.Latest - 3)
+	for _, args := range [][]string{{"down", toVersion3}, {"down", fmt.Sprint(migrations.Latest - 2)}, {"goto", "3"}, {"goto", "1"}} {
+		code, _, errOut := run(t, append(append([]string{"migrate"}, args...), "--yes", url)...)
+		require.Equal(t, cli.ExitError, code, errOut)
+		require.Contains(t, errOut, "cannot migrate below version 4 while tables are protected per row (inv, lines)", args)
+		require.Contains(t, errOut, "pgfence unprotect TABLE")
+		require.Contains(t, errOut, "pgfence protect TABLE --resource RESOURCE")
+		require.Contains(t, errOut, "nothing was changed")
+		unchanged(t)
+	}
+	// To 0 every protected table is in the way, and the message says so.
+	code, _, errOut := run(t, "migrate", "down", "--yes", url)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "tables are protected (inv, lines, orders)")
+	unchanged(t)
+
+	// The two ways out: protect table-wide, or unprotect.
+	code, _, errOut = run(t, "protect", "inv", "--resource", "inv", "--token-column", "fence_token", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	code, _, errOut = run(t, "migrate", "goto", "3", "--yes", url)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "protected per row (lines)")
+	code, _, errOut = run(t, "unprotect", "lines", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	code, out, errOut := run(t, "migrate", "down", toVersion3, "--yes", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, "version 3, clean\n", out)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO inv VALUES (1, NULL)`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken, "inv is still guarded, table-wide, at version 3")
+	code, out, errOut = run(t, "migrate", "up", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
+}
+
 // TestMigrateBelow3RefusesWhileLeasesExist: the kit's lease rows keep every
 // resource's latest token; going below version 3 (and on to 0) would forget
 // them, so migrate down refuses before changing anything unless

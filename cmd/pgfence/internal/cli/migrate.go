@@ -40,9 +40,12 @@ fence.version(). Every action that changes something first checks what
 stands in its way (privileges, a dirty version, protected tables) and
 changes nothing when something does, with the fix. down, and goto to a lower
 version, ask for confirmation (y/N) unless --yes; without a terminal they
-need --yes. Going below version 3 while fence.lease has rows (the latest
-token of every resource) is refused unless --allow-downgrade: a further step
-to 0 would forget those tokens, and they could be granted again.`,
+need --yes. Going below version 4 while tables are protected per row is
+refused (versions before 4 have no per-row guard): unprotect them, or
+protect them table-wide, first. Going below version 3 while fence.lease has
+rows (the latest token of every resource) is refused unless
+--allow-downgrade: a further step to 0 would forget those tokens, and they
+could be granted again.`,
 		Example: `  pgfence migrate up          # install or upgrade schema fence
   pgfence migrate version     # print the installed version
   pgfence migrate down        # remove schema fence (refused while tables are protected)
@@ -151,6 +154,15 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 			}
 			if tables != "" {
 				return fmt.Errorf("cannot remove schema fence while tables are protected (%s): run pgfence unprotect TABLE for each, as its owner, then migrate down again; nothing was changed", tables)
+			}
+		}
+		if target < 4 && int(k.Version) >= 4 && k.Installed {
+			tables, err := rowsProtectedTables(ctx, pool)
+			if err != nil {
+				return fmt.Errorf("listing tables protected per row: %w", err)
+			}
+			if tables != "" {
+				return fmt.Errorf("cannot migrate below version 4 while tables are protected per row (%s): versions before 4 have no per-row guard, so their writes would go unchecked; run pgfence unprotect TABLE for each, or protect it table-wide with pgfence protect TABLE --resource RESOURCE, as its owner, then migrate down again; nothing was changed", tables)
 			}
 		}
 		if target < 3 && int(k.Version) >= 3 && k.Installed {
