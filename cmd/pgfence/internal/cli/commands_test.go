@@ -136,6 +136,23 @@ func TestProtectCommands(t *testing.T) {
 	require.JSONEq(t, `{"table":"orders"}`, out)
 	_, err = db.Pool.Exec(t.Context(), `INSERT INTO orders VALUES (1, NULL)`)
 	require.NoError(t, err)
+
+	// A resource per row.
+	_, err = db.Pool.Exec(t.Context(), `ALTER TABLE orders ALTER COLUMN id SET NOT NULL`)
+	require.NoError(t, err)
+	code, out, errOut = run(t, "protect", "orders", "--per-row", "id", "--prefix", "order:", "--token-column", "fence_token", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Contains(t, out, "protected orders per row: resource order:<id> (token from column fence_token)")
+	tok, ok, err := sqlfuncs.Acquire(t.Context(), db.Pool, "order:2", "t", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = db.Pool.Exec(t.Context(), `INSERT INTO orders VALUES (2, $1)`, tok)
+	require.NoError(t, err, "row 2 with order:2's token")
+	_, err = db.Pool.Exec(t.Context(), `INSERT INTO orders VALUES (3, $1)`, tok)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrUnknownToken, "row 3 is resource order:3, never granted")
+	code, out, errOut = run(t, "protect", "orders", "--per-row", "id", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.JSONEq(t, `{"table":"orders","resource_column":"id","prefix":"","token_column":""}`, out)
 }
 
 // TestBadInput: every bad flag or argument gives one clear line on stderr, a
@@ -161,6 +178,9 @@ func TestBadInput(t *testing.T) {
 		{"empty resource", []string{"acquire", "", url}, cli.ExitError, "resource must not be empty"},
 		{"unknown table", []string{"protect", "nope", "--resource", "r", url}, cli.ExitError, `relation "nope" does not exist`},
 		{"protect without resource", []string{"protect", "orders", url}, cli.ExitUsage, "--resource is required"},
+		{"protect with both forms", []string{"protect", "orders", "--resource", "r", "--per-row", "id", url}, cli.ExitUsage, "exclude each other"},
+		{"prefix without per-row", []string{"protect", "orders", "--resource", "r", "--prefix", "p:", url}, cli.ExitUsage, "--prefix needs --per-row"},
+		{"per-row on a nullable column", []string{"protect", "orders", "--per-row", "id", url}, cli.ExitError, "may be NULL"},
 		{"text token column", []string{"protect", "orders", "--resource", "r", "--token-column", "note", url}, cli.ExitError, "not bigint"},
 		{"malformed URL", []string{"status", "--database-url", "postgres://%zz"}, cli.ExitError, "bad connection string"},
 		{"unknown command", []string{"frobnicate", url}, cli.ExitUsage, "unknown command"},

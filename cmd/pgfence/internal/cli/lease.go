@@ -305,40 +305,68 @@ func newStatusCmd(g *globals) *cobra.Command {
 }
 
 func newProtectCmd(g *globals) *cobra.Command {
-	var resource, column string
+	var resource, column, perRow, prefix string
 	cmd := &cobra.Command{
-		Use:   "protect TABLE --resource RESOURCE [--token-column COLUMN]",
-		Short: "Make the database refuse writes to TABLE that lack the latest token of RESOURCE",
-		Long: `protect installs pgfence's guard triggers on TABLE. With --token-column, INSERT
-and UPDATE take the token from that bigint column of the row (and an UPDATE
-may never lower it); without it, and for DELETE and TRUNCATE, the writing
-transaction must call fence.use_token(RESOURCE, token) first. Only the
-table's owner may protect it.`,
+		Use:   "protect TABLE (--resource RESOURCE | --per-row COLUMN [--prefix PREFIX]) [--token-column COLUMN]",
+		Short: "Make the database refuse writes to TABLE that lack the latest token of RESOURCE (or of each row's resource)",
+		Long: `protect installs pgfence's guard triggers on TABLE.
+
+With --resource, the whole table is one resource (fence.protect). With
+--per-row COLUMN, every row is its own resource, PREFIX followed by the row's
+COLUMN (fence.protect_rows): with --per-row id --prefix invoice: row 42 is
+resource invoice:42, leased like any other (pgfence run invoice:42 ...).
+
+With --token-column, INSERT and UPDATE take the token from that bigint column
+of the row (an UPDATE must assign it); without it, and for DELETE and
+TRUNCATE, the writing transaction must call fence.use_token(RESOURCE, token)
+first (per row: for the row's resource). Only the table's owner may protect
+it.`,
 		Example: `  pgfence protect public.orders --resource orders --token-column fence_token
-  pgfence protect order_lines --resource orders`,
+  pgfence protect order_lines --resource orders
+  pgfence protect public.invoice --per-row id --prefix invoice: --token-column fence_token`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if resource == "" {
-				return usageError{errors.New("--resource is required")}
+			switch {
+			case resource == "" && perRow == "":
+				return usageError{errors.New("--resource is required (or --per-row COLUMN for a resource per row)")}
+			case resource != "" && perRow != "":
+				return usageError{errors.New("--resource and --per-row exclude each other: one resource for the table, or one per row")}
+			case prefix != "" && perRow == "":
+				return usageError{errors.New("--prefix needs --per-row")}
 			}
 			ctx := cmd.Context()
 			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
-				if err := c.Protect(ctx, args[0], resource, column); err != nil {
+				var err error
+				if perRow != "" {
+					err = c.ProtectRows(ctx, args[0], perRow, prefix, column)
+				} else {
+					err = c.Protect(ctx, args[0], resource, column)
+				}
+				if err != nil {
 					return err
 				}
 				out := map[string]string{"table": args[0], "resource": resource, "token_column": column}
+				if perRow != "" {
+					out = map[string]string{"table": args[0], "resource_column": perRow, "prefix": prefix, "token_column": column}
+				}
 				return g.emit(out, func(w io.Writer) error {
 					mode := "token from fence.use_token"
 					if column != "" {
 						mode = "token from column " + column
 					}
-					_, err := fmt.Fprintf(w, "protected %s with resource %s (%s)\n", args[0], resource, mode)
+					what := "with resource " + resource
+					if perRow != "" {
+						what = fmt.Sprintf("per row: resource %s<%s>", prefix, perRow)
+					}
+					_, err := fmt.Fprintf(w, "protected %s %s (%s)\n", args[0], what, mode)
 					return err
 				})
 			})
 		},
 	}
-	cmd.Flags().StringVar(&resource, "resource", "", "the resource whose token writes need (required)")
+	cmd.Flags().StringVar(&resource, "resource", "", "the resource whose token writes need (one for the whole table)")
+	cmd.Flags().StringVar(&perRow, "per-row", "", "a resource per row: the column whose value names the row's resource")
+	cmd.Flags().StringVar(&prefix, "prefix", "", "with --per-row: text put before the column's value in the resource's name")
 	cmd.Flags().StringVar(&column, "token-column", "", "bigint column that carries the token on INSERT and UPDATE")
 	return cmd
 }
