@@ -48,22 +48,23 @@ const (
 // table-wide pair of the guarded scenario, measured again beside them.
 var rowsTables = []struct {
 	name    string
+	create  string // CREATE TABLE with %s for the name
 	rows    int
 	protect string // "rows", "table" or "" (unprotected)
 }{
-	{"bench_rows_guarded", rowsSingle, "rows"},
-	{"bench_rows_unguarded", rowsSingle, ""},
-	{"bench_rows_multi_guarded", rowsMulti, "rows"},
-	{"bench_rows_multi_unguarded", rowsMulti, ""},
-	{"bench_guarded", rowsSingle, "table"},
-	{"bench_unguarded", rowsSingle, ""},
+	{"bench_rows_guarded", benchWriteTable, rowsSingle, "rows"},
+	{"bench_rows_unguarded", benchWriteTable, rowsSingle, ""},
+	{"bench_rows_multi_guarded", benchRowsMultiTable, rowsMulti, "rows"},
+	{"bench_rows_multi_unguarded", benchRowsMultiTable, rowsMulti, ""},
+	{"bench_guarded", benchWriteTable, rowsSingle, "table"},
+	{"bench_unguarded", benchWriteTable, rowsSingle, ""},
 }
 
 // rowsSetup creates the tables of the rows scenario on pool and protects
 // the guarded ones.
 func rowsSetup(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, t := range rowsTables {
-		if _, err := pool.Exec(ctx, fmt.Sprintf(benchWriteTable, t.name)); err != nil {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(t.create, t.name)); err != nil {
 			return fmt.Errorf("rows setup: %w", err)
 		}
 		if _, err := pool.Exec(ctx, fmt.Sprintf(benchRowsRows, t.name), t.rows); err != nil {
