@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,7 +82,11 @@ func rowsSetup(ctx context.Context, pool *pgxpool.Pool) error {
 			return err
 		}
 	}
-	_, err := pool.Exec(ctx, fmt.Sprintf(benchVacuum, "bench_rows_guarded, bench_rows_unguarded, bench_rows_multi_guarded, bench_rows_multi_unguarded, bench_guarded, bench_unguarded"))
+	names := make([]string, len(rowsTables))
+	for i, t := range rowsTables {
+		names[i] = t.name
+	}
+	_, err := pool.Exec(ctx, fmt.Sprintf(benchVacuum, strings.Join(names, ", ")))
 	return err
 }
 
