@@ -108,6 +108,18 @@ func (w workload) run(ctx context.Context, d time.Duration) (sliceResult, error)
 type pair struct {
 	name string
 	a, b workload
+	// slice is the length of this pair's slices; 0 for --duration. A pair
+	// whose one operation takes a good part of --duration needs longer
+	// slices to complete more than one or two operations per slice.
+	slice time.Duration
+}
+
+// sliceLen is the length of p's slices under options o.
+func (p pair) sliceLen(o benchOptions) time.Duration {
+	if p.slice > 0 {
+		return p.slice
+	}
+	return o.duration
 }
 
 // interleave runs every pair's A and B slices alternately (A B A B ...), one
@@ -115,8 +127,8 @@ type pair struct {
 // caches), then rounds recorded ones, and summarises throughput and ratio
 // A/B per pair.
 func (b *bench) interleave(ctx context.Context, pairs []pair) ([]*comparison, error) {
-	warm := max(b.o.duration/4, 20*time.Millisecond)
 	for _, p := range pairs {
+		warm := max(p.sliceLen(b.o)/4, 20*time.Millisecond)
 		for _, w := range []workload{p.a, p.b} {
 			if _, err := w.run(ctx, warm); err != nil {
 				return nil, err
@@ -133,7 +145,7 @@ func (b *bench) interleave(ctx context.Context, pairs []pair) ([]*comparison, er
 		for i, p := range pairs {
 			c := out[i]
 			for side, w := range []workload{p.a, p.b} {
-				r, err := w.run(ctx, b.o.duration)
+				r, err := w.run(ctx, p.sliceLen(b.o))
 				if err != nil {
 					return out, err
 				}
