@@ -234,6 +234,45 @@ func TestReleaseRetryAfterALostReply(t *testing.T) {
 	require.Equal(t, l2.Token(), info.Token)
 }
 
+// While Release retries against an unreachable server, the lease's other
+// methods answer at once: Release does not hold the lease's state while it
+// waits on the network.
+func TestReadersDoNotWaitForARetryingRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 30 * time.Second, RetryInterval: 50 * time.Millisecond})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, l.Renew(b.ctx)) // the server reports an expiry
+	deadline, expiresAt := l.TrustDeadline(), l.ExpiresAt()
+	require.False(t, deadline.IsZero())
+	require.False(t, expiresAt.IsZero())
+
+	proxy.Freeze()
+	defer proxy.Thaw()
+	proxy.Kill() // the pooled connection breaks; the retry's new one hangs
+	releaseCtx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- l.Release(releaseCtx) }()
+	time.Sleep(300 * time.Millisecond) // Release is in its retry loop by now
+
+	type reading struct{ deadline, expiresAt time.Time }
+	read := make(chan reading, 1)
+	go func() { read <- reading{l.TrustDeadline(), l.ExpiresAt()} }()
+	select {
+	case r := <-read:
+		require.Equal(t, deadline, r.deadline)
+		require.Equal(t, expiresAt, r.expiresAt)
+	case err := <-released:
+		t.Fatalf("TrustDeadline and ExpiresAt waited for Release to give up (%v)", err)
+	}
+	cancel()
+	require.ErrorContains(t, <-released, "ends on its own at expiry")
+}
+
 func TestTransientRenewErrorsAreRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
