@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // One Client serves two named workers with their own TTLs: the holder and
@@ -100,5 +101,55 @@ func TestLockSessionWaitsForTheHolder(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, "session", info.Kind)
 		require.Equal(t, "second", info.Holder)
+	}
+}
+
+// The install check honours each caller's ctx while the first caller's check
+// hangs. (ensureInstalled used to hold a mutex across a network call made
+// with the first caller's ctx: every other caller waited on it, its own ctx
+// ignored.)
+func TestInstallCheckHonoursEachCallersCtx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 10 * time.Second})
+	proxy.Freeze()
+	defer proxy.Thaw()
+
+	first, cancelFirst := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancelFirst()
+	go func() { _, _ = c.Acquire(first, "job") }()
+	time.Sleep(200 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Acquire(ctx, "other")
+	require.Error(t, err)
+	require.Less(t, time.Since(start), time.Second, "Acquire did not honour its ctx (200ms)")
+}
+
+// Close and Lock may run at the same time: no data race (run with -race),
+// and the notifier that Lock creates is stopped. (Close used to read
+// c.notify without synchronisation while Lock created it; when Close won,
+// the notifier Lock created afterwards was never stopped.)
+func TestCloseDoesNotRaceWithLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+	l, err := holder.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+	for range 5 {
+		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+		done := make(chan struct{})
+		go func() { defer close(done); _, _ = c.Lock(ctx, "job") }()
+		c.Close()
+		<-done
+		cancel()
+		c.Close()
 	}
 }

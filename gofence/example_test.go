@@ -23,7 +23,7 @@ import (
 // exampleDB is a migrated database with a protected table orders(id, note,
 // fence_token) guarded by the resource "orders".
 func exampleDB() (*pgxpool.Pool, func()) {
-	url, drop := pgtest.ExampleDB()
+	url, drop := pgtest.MustMigratedDB()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -41,7 +41,7 @@ func exampleDB() (*pgxpool.Pool, func()) {
 }
 
 func ExampleMigrate() {
-	url, drop := pgtest.ExampleDB()
+	url, drop := pgtest.MustMigratedDB()
 	defer drop()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)

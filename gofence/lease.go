@@ -27,18 +27,20 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	// renewCtx ends with the lease or when Release stops the keepalive, so
 	// that a renewal stuck in a partition does not hold Release up.
-	renewCtx    context.Context
-	renewCancel context.CancelFunc
+	renewCtx      context.Context
+	renewCancel   context.CancelFunc
+	keepaliveDone chan struct{} // closed when the keepalive goroutine returns
 
+	// mu guards the lease's timing; it is never held across a network call.
 	mu        sync.Mutex
 	deadline  time.Time   // local trust deadline (monotonic clock reading inside)
 	expiresAt time.Time   // the server's expiry, as last reported
 	lossTimer *time.Timer // fires loss at the trust deadline
-	stopping  bool        // Release was called: keepalive stopped
-	released  bool        // the server confirmed the release (or the session is gone)
 
-	stopKeepalive chan struct{}
-	keepaliveDone chan struct{}
+	// releaseMu lets one Release run at a time (a second call retries a
+	// failed first one) without blocking the readers of mu's fields.
+	releaseMu sync.Mutex
+	released  bool // the server confirmed the release (or the session is gone)
 }
 
 // Acquire tries once to take a TTL lease on resource. When another live lease
@@ -76,15 +78,17 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t l
 		return nil, c.heldError(ctx, resource)
 	}
 	l := c.newLease(resource, tok, nil, t)
+	// Set before track: from then on Close may Release the lease.
+	l.deadline = sentAt.Add(t.ttl - t.margin)
+	l.lossTimer = time.AfterFunc(time.Until(l.deadline), l.trustDeadlinePassed)
 	if !c.track(l) { // Close ran meanwhile: give the lease straight back
+		l.lossTimer.Stop()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
 		defer cancel()
 		_, _ = sqlfuncs.Release(rctx, c.pool, resource, tok)
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
-	l.deadline = sentAt.Add(t.ttl - t.margin)
-	l.lossTimer = time.AfterFunc(time.Until(l.deadline), l.trustDeadlinePassed)
 	go l.keepalive(sentAt)
 	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", tok, "holder", t.holder)
 	return l, nil
@@ -150,7 +154,6 @@ func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t lea
 	return &Lease{
 		c: c, t: t, resource: resource, token: token, session: session,
 		ctx: ctx, cancel: cancel, renewCtx: renewCtx, renewCancel: renewCancel,
-		stopKeepalive: make(chan struct{}),
 		keepaliveDone: make(chan struct{}),
 	}
 }
@@ -231,16 +234,15 @@ func (l *Lease) trustDeadlinePassed() {
 }
 
 // keepalive renews a TTL lease every RenewInterval, counted from the last
-// renewal sent, or checks the connection of a session lease.
+// renewal sent, or checks the connection of a session lease, until the lease
+// ends or Release stops it (either ends renewCtx).
 func (l *Lease) keepalive(lastSent time.Time) {
 	defer close(l.keepaliveDone)
 	timer := time.NewTimer(time.Until(lastSent.Add(l.t.renew)))
 	defer timer.Stop()
 	for {
 		select {
-		case <-l.stopKeepalive:
-			return
-		case <-l.ctx.Done():
+		case <-l.renewCtx.Done():
 			return
 		case <-timer.C:
 		}
@@ -258,28 +260,25 @@ func (l *Lease) keepalive(lastSent time.Time) {
 }
 
 // renewUntilDeadline renews, retrying transient errors until the trust
-// deadline; it returns when the time the successful renewal was sent.
+// deadline; it returns the time the successful renewal was sent, or an error
+// once the lease is lost or Release stopped the keepalive.
 func (l *Lease) renewUntilDeadline() (time.Time, error) {
 	for {
 		sent, err := l.renewOnce(l.renewCtx)
 		if err == nil {
 			return sent, nil
 		}
-		if l.renewCtx.Err() != nil && l.ctx.Err() == nil {
-			return time.Time{}, ErrReleased // Release stopped us
+		if l.renewCtx.Err() != nil { // lost, or Release stopped us
+			return time.Time{}, l.renewCtx.Err()
 		}
-		if l.ctx.Err() != nil || !transient(err) {
-			if l.ctx.Err() == nil {
-				l.lose("renewal failed", err)
-			}
+		if !transient(err) {
+			l.lose("renewal failed", err)
 			return time.Time{}, l.Err()
 		}
 		l.c.log.Info("pgfence: renewal failed, retrying", "resource", l.resource, "error", err.Error())
 		select {
-		case <-l.stopKeepalive:
-			return time.Time{}, ErrReleased
-		case <-l.ctx.Done():
-			return time.Time{}, l.Err()
+		case <-l.renewCtx.Done():
+			return time.Time{}, l.renewCtx.Err()
 		case <-time.After(l.t.retry):
 		}
 	}
@@ -355,26 +354,22 @@ func (l *Lease) Renew(ctx context.Context) error {
 // that carries this token). When the release cannot reach the server, the
 // lease still ends on the server at its expiry.
 func (l *Lease) Release(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock() // one Release at a time; a second call retries a failed first one
+	l.releaseMu.Lock()
+	defer l.releaseMu.Unlock()
 	if l.released {
 		return nil
 	}
 	lostBefore := l.ctx.Err() != nil
-	if !l.stopping {
-		l.stopping = true
-		if l.lossTimer != nil {
-			l.lossTimer.Stop()
-		}
-		close(l.stopKeepalive)
-		l.renewCancel()
+	l.mu.Lock()
+	if l.lossTimer != nil {
+		l.lossTimer.Stop()
 	}
 	l.mu.Unlock()
-	select { // a renewal in flight may need l.mu to finish; it ends at once now
+	l.renewCancel()
+	select { // a renewal in flight ends at once now
 	case <-l.keepaliveDone:
 	case <-ctx.Done():
 	}
-	l.mu.Lock()
 	l.cancel(fmt.Errorf("%w: %s", ErrReleased, l.resource))
 	if lostBefore {
 		// Lost already: the server may be unreachable (that may be why).

@@ -234,6 +234,91 @@ func TestReleaseRetryAfterALostReply(t *testing.T) {
 	require.Equal(t, l2.Token(), info.Token)
 }
 
+// Release honours its ctx while a renewal hangs in a partition. (It used to
+// wait for the renewal in flight without looking at its ctx; a renewal stuck
+// in a partition is only cut at the trust deadline, so Release with a 200ms
+// ctx blocked for seconds.)
+func TestReleaseHonoursCtxWhileARenewalHangs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 6 * time.Second, RenewInterval: time.Second})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+
+	proxy.Freeze()
+	defer proxy.Thaw()
+	time.Sleep(1300 * time.Millisecond) // the renewal sent at 1s hangs
+	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_ = l.Release(ctx)
+	require.Less(t, time.Since(start), time.Second, "Release did not honour its ctx (200ms)")
+}
+
+// Release after the lease was lost in a partition (the usual cause of loss)
+// returns nil, as its doc says. (It used to return an error.)
+func TestReleaseAfterLossInPartitionReturnsNil(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: time.Second, RenewInterval: 200 * time.Millisecond, SafetyMargin: 100 * time.Millisecond})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	proxy.Freeze()
+	defer proxy.Thaw()
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("never lost")
+	}
+	require.ErrorIs(t, l.Err(), gofence.ErrLost)
+	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+	defer cancel()
+	require.NoError(t, l.Release(ctx), "documented: a call after the lease was lost returns nil")
+}
+
+// While Release retries against an unreachable server, the lease's other
+// methods answer at once: Release does not hold the lease's state while it
+// waits on the network.
+func TestReadersDoNotWaitForARetryingRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 30 * time.Second, RetryInterval: 50 * time.Millisecond})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, l.Renew(b.ctx)) // the server reports an expiry
+	deadline, expiresAt := l.TrustDeadline(), l.ExpiresAt()
+	require.False(t, deadline.IsZero())
+	require.False(t, expiresAt.IsZero())
+
+	proxy.Freeze()
+	defer proxy.Thaw()
+	proxy.Kill() // the pooled connection breaks; the retry's new one hangs
+	releaseCtx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- l.Release(releaseCtx) }()
+	time.Sleep(300 * time.Millisecond) // Release is in its retry loop by now
+
+	type reading struct{ deadline, expiresAt time.Time }
+	read := make(chan reading, 1)
+	go func() { read <- reading{l.TrustDeadline(), l.ExpiresAt()} }()
+	select {
+	case r := <-read:
+		require.Equal(t, deadline, r.deadline)
+		require.Equal(t, expiresAt, r.expiresAt)
+	case err := <-released:
+		t.Fatalf("TrustDeadline and ExpiresAt waited for Release to give up (%v)", err)
+	}
+	cancel()
+	require.ErrorContains(t, <-released, "ends on its own at expiry")
+}
+
 func TestTransientRenewErrorsAreRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -247,44 +332,6 @@ func TestTransientRenewErrorsAreRetried(t *testing.T) {
 	require.Eventually(t, func() bool { return l.ExpiresAt().After(before.Add(300 * time.Millisecond)) }, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, l.Err(), "a broken connection is not a lost lease")
 	require.NoError(t, l.Release(b.ctx))
-}
-
-func TestDoReleasesWhenTheParentContextIsCancelled(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
-	ctx, cancel := context.WithCancel(b.ctx)
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- c.Do(ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
-			if err := write(ctx, l, b.db.Pool, "do"); err != nil {
-				return err
-			}
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		})
-	}()
-	<-started
-	require.True(t, b.serverLive(t, "job"))
-	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
-	require.False(t, b.serverLive(t, "job"), "released at once, not left to expire")
-}
-
-func TestDoNoWaitOnAHeldResource(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	c := b.client(t, nil, gofence.Config{})
-	l, err := c.Acquire(b.ctx, "job")
-	require.NoError(t, err)
-	defer l.Release(b.ctx)
-	err = c.Do(b.ctx, "job", &gofence.DoOptions{NoWait: true}, func(context.Context, *gofence.Lease) error {
-		t.Fatal("ran without the lease")
-		return nil
-	})
-	require.ErrorIs(t, err, gofence.ErrHeld)
 }
 
 func TestTxMapsFencingErrors(t *testing.T) {

@@ -356,3 +356,26 @@ func TestUseTokenWithSeveralLeases(t *testing.T) {
 		require.Equal(t, "1:a,2:b", b.invRows(t))
 	})
 }
+
+// When the function's error wraps a fencing PgError, Tx keeps that error
+// (message and sentinels) and adds the fencing sentinel. (It used to replace
+// it by sqlfuncs.Translate's new *Error, dropping the caller's wrapping.)
+func TestTxKeepsTheFunctionsError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+
+	errMine := errors.New("my sentinel")
+	err = l.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		// A token older than the lease's: the guard refuses with FN001.
+		_, err := tx.Exec(b.ctx, `INSERT INTO work (who, token) VALUES ('x', $1)`, l.Token()-1)
+		return fmt.Errorf("writing row 42: %w", errors.Join(errMine, err))
+	})
+	require.Error(t, err)
+	require.True(t, errors.Is(err, gofence.ErrStaleToken) || errors.Is(err, gofence.ErrUnknownToken), "%v", err)
+	require.ErrorIs(t, err, errMine, "Tx lost the function's own error: %v", err)
+	require.ErrorContains(t, err, "writing row 42")
+}

@@ -92,3 +92,65 @@ func TestShadowedTextTypeRedirectsTheGuard(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("1:B:%d,2:B:%d", t2, t2), b.rows(t, "cols"))
 	require.Equal(t, "1:B:,2:B:", b.rows(t, "plain"))
 }
+
+// TestForeignAdvisoryLockOnAGate: advisory locks are open to every role
+// that can connect, and the key of a resource's gate is documented
+// (docs/design.md), so a role without any kit privilege can hold a gate.
+// That costs liveness only: grants of that resource report busy after
+// fence.grant_wait, guarded writers wait, and no stale write gets through;
+// when the lock goes, grants work again. docs/security.md says what an
+// operator can do about it.
+func TestForeignAdvisoryLockOnAGate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db
+	const res = "gate/victim"
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE gated (tok bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "gated", res, "tok"))
+	old, ok, err := sqlfuncs.Acquire(ctx, db.Pool, res, "h1", 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Eventually(t, func() bool { // the lease expires, by the server's clock
+		var live bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = $1`, res).Scan(&live))
+		return !live
+	}, 10*time.Second, 10*time.Millisecond)
+
+	stranger := pgtest.NewRole(t, "stranger") // no fence.grant_usage at all
+	sc, err := pgx.Connect(ctx, db.URLAs(stranger))
+	require.NoError(t, err)
+	defer sc.Close(ctx)
+	// The gate key computed from the documented formula with built-ins only.
+	var held bool
+	require.NoError(t, sc.QueryRow(ctx, `SELECT pg_try_advisory_lock((hashtextextended($1, 0) & 2305843009213693951) | 2305843009213693952)`,
+		res).Scan(&held))
+	require.True(t, held)
+
+	c := db.Conn(t)
+	_, err = c.Exec(ctx, `SET fence.grant_wait = '100ms'`)
+	require.NoError(t, err)
+	start := time.Now()
+	_, ok, err = sqlfuncs.Acquire(ctx, c, res, "h2", time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok, "the grant reports the resource busy")
+	require.Less(t, time.Since(start), 5*time.Second, "bounded by fence.grant_wait")
+
+	_, err = c.Exec(ctx, `SET lock_timeout = '100ms'`)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `INSERT INTO gated VALUES ($1)`, old)
+	// A writer waits for the gate and gives up at its lock_timeout; it never
+	// writes unchecked.
+	requireCode(t, err, "55P03")
+	_, err = c.Exec(ctx, `RESET lock_timeout`)
+	require.NoError(t, err)
+
+	_, err = sc.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	require.NoError(t, err)
+	tok, ok, err := sqlfuncs.Acquire(ctx, c, res, "h2", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Greater(t, tok, old)
+	_, err = c.Exec(ctx, `INSERT INTO gated VALUES ($1)`, old)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+}

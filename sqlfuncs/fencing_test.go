@@ -286,6 +286,57 @@ func TestGrantWaitsForOpenGuardedTransaction(t *testing.T) {
 	})
 }
 
+// TestGrantWaitIsBoundedUnderOverlappingWriters: writers whose guarded
+// transactions overlap so that some writer always holds the lease row must
+// not hold a grant off past fence.grant_wait. Row locks alone let each new
+// FOR KEY SHARE join ahead of a waiting FOR UPDATE (a revoke once waited
+// 23 s with grant_wait 2 s); the gate lock queues them fairly.
+func TestGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db.Pool
+	tok, err := sqlfuncs.Revoke(ctx, db, "starve")
+	require.NoError(t, err)
+
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		conn := b.db.Conn(t)
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 100 * time.Millisecond) // overlap the three
+			for wctx.Err() == nil {
+				_ = pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
+					if err := sqlfuncs.Check(wctx, tx, "starve", tok); err != nil {
+						return err
+					}
+					_, err := tx.Exec(wctx, `SELECT pg_sleep(0.3)`)
+					return err
+				})
+			}
+		})
+	}
+	defer func() { stop(); wg.Wait() }()
+
+	granter := b.db.Conn(t)
+	_, err = granter.Exec(ctx, `SET fence.grant_wait = '500ms'`)
+	require.NoError(t, err)
+	time.Sleep(400 * time.Millisecond) // let the writers overlap first
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second) // without a fair gate it would wait for the writers forever
+	defer cancel()
+	newTok, err := sqlfuncs.Revoke(rctx, granter, "starve")
+	took := time.Since(start)
+	// The revoke either got in (after the writers that were already in) or
+	// gave up as busy; it must not wait for the stream of writers to end.
+	if err != nil {
+		require.ErrorIs(t, err, sqlfuncs.ErrBusy)
+	} else {
+		require.Greater(t, newTok, tok)
+	}
+	require.Less(t, took, 5*time.Second, "the grant waited %s with fence.grant_wait = 500ms", took)
+	t.Logf("revoke under overlapping writers returned after %s (err=%v)", took, err)
+}
+
 // TestLinearizableFencingUnderConcurrency races guarded writers against a
 // granter on real sessions. Right after each grant of token T returns, the
 // granter counts the rows written under tokens older than T; at the end that

@@ -469,3 +469,48 @@ func TestProtectedNamesTriggerRoles(t *testing.T) {
 	read()
 	require.ElementsMatch(t, []string{r1, r2}, roles)
 }
+
+// A protected table attached later as a partition stays guarded: writes
+// routed through the parent meet its guard.
+func TestProtectedTableAttachedLaterStaysGuarded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db.Pool
+	b.exec(t, `CREATE TABLE part_1 (id int, v int)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, db, "part_1", "parts", ""))
+	b.exec(t, `CREATE TABLE parts (id int, v int) PARTITION BY RANGE (id)`)
+	b.exec(t, `ALTER TABLE parts ATTACH PARTITION part_1 FOR VALUES FROM (0) TO (100)`)
+
+	_, err := db.Exec(ctx, `INSERT INTO parts VALUES (1, 1)`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken, "an insert routed through the parent meets the guard")
+	tok, ok, err := sqlfuncs.Acquire(ctx, db, "parts", "h", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		require.NoError(t, sqlfuncs.UseToken(ctx, tx, "parts", tok))
+		_, err := tx.Exec(ctx, `INSERT INTO parts VALUES (1, 1)`)
+		return err
+	}))
+	_, err = db.Exec(ctx, `UPDATE parts SET v = 2`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+	_, err = db.Exec(ctx, `DELETE FROM parts`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+}
+
+// TestProtectRefusesTheKitsOwnTables: fence.protect refuses the tables of
+// schema fence, also for the kit's owner or a superuser. (On fence.lease it
+// used to install the guard triggers on the kit's own table; from then on
+// every grant updated fence.lease, the guard checked a token the lease row
+// does not carry for the guard's resource, and every fence.acquire failed,
+// FN003, until someone ran fence.unprotect. Found by FuzzProtectNames's seed
+// corpus run as the owner.)
+func TestProtectRefusesTheKitsOwnTables(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db.Pool
+	err := sqlfuncs.Protect(ctx, db, "fence.lease", "r", "token")
+	require.Error(t, err, "protect must refuse the kit's own lease table")
+	_, ok, err := sqlfuncs.Acquire(ctx, db, "x", "h", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+}

@@ -85,3 +85,55 @@ func TestSessionLease(t *testing.T) {
 		require.Greater(t, t2, tok)
 	})
 }
+
+// Session leases take an advisory lock per token; those locks never block a
+// later grant: not after a revoke, not after a rolled-back acquire_session,
+// not when one session acquires twice.
+func TestSessionLeaseAdvisoryLocksNeverBlockLaterGrants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db.Pool
+	a, other := b.db.Conn(t), b.db.Conn(t)
+
+	t.Run("after revoke, another session can take a session lease", func(t *testing.T) {
+		_, ok, err := sqlfuncs.AcquireSession(ctx, a, "r1", "a")
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, err = sqlfuncs.Revoke(ctx, db, "r1")
+		require.NoError(t, err)
+		_, ok, err = sqlfuncs.AcquireSession(ctx, other, "r1", "other")
+		require.NoError(t, err)
+		require.True(t, ok, "a's leftover lock belongs to a revoked token and blocks nothing")
+	})
+
+	t.Run("a rolled-back acquire_session leaves nothing that blocks", func(t *testing.T) {
+		tx, err := a.Begin(ctx)
+		require.NoError(t, err)
+		_, ok, err := sqlfuncs.AcquireSession(ctx, tx, "r2", "a")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.NoError(t, tx.Rollback(ctx))
+		tok, ok, err := sqlfuncs.AcquireSession(ctx, other, "r2", "other")
+		require.NoError(t, err)
+		require.True(t, ok)
+		// The rolled-back grant computed the same first token: its key is
+		// still held by a, so the grant skipped to the next token.
+		require.Positive(t, tok)
+		require.NoError(t, sqlfuncs.Check(ctx, db, "r2", tok))
+	})
+
+	t.Run("acquiring twice in one session takes the lock once", func(t *testing.T) {
+		tok, ok, err := sqlfuncs.AcquireSession(ctx, a, "r3", "a")
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, ok, err = sqlfuncs.AcquireSession(ctx, a, "r3", "a")
+		require.NoError(t, err)
+		require.False(t, ok)
+		released, err := sqlfuncs.Release(ctx, a, "r3", tok)
+		require.NoError(t, err)
+		require.True(t, released)
+		_, ok, err = sqlfuncs.AcquireSession(ctx, other, "r3", "other")
+		require.NoError(t, err)
+		require.True(t, ok)
+	})
+}

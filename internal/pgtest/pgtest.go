@@ -371,11 +371,12 @@ func redact(s string) string {
 	return u.Redacted()
 }
 
-// ExampleDB gives runnable examples, which get no *testing.T, a fresh
-// database cloned from the migrated template, and a function that drops it.
-// The package's TestMain must call Main. It panics when no PostgreSQL server
-// is available: examples cannot skip, and their output would be wrong.
-func ExampleDB() (url string, drop func()) {
+// MustMigratedDB is Setup for code that gets no *testing.T, such as
+// runnable examples: a fresh database cloned from the migrated template,
+// and a function that drops it. The package's TestMain must call Main. It
+// panics when no PostgreSQL server is available: examples cannot skip, and
+// their output would be wrong.
+func MustMigratedDB() (url string, drop func()) {
 	if !mainCalled.Load() {
 		panic("pgtest: the package's TestMain must call pgtest.Main(m)")
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -126,13 +127,26 @@ func shortVersion(v string) string {
 	return v
 }
 
-// lineChart draws series as lines with markers on one plot.
+// The chart's fixed measures, in SVG pixels. The view box grows to the right
+// for the legend and the title, and the left margin for the y tick labels.
+const (
+	chartFont      = 12  // font size of tick labels, axis labels and legend
+	chartTitleFont = 14  // font size of the (bold) title
+	plotWidth      = 490 // the plot's frame
+	plotHeight     = 355
+	plotTop        = 50 // room for the title
+	plotBottom     = 55 // room for the x tick labels and the x axis label
+	yLabelRoom     = 32 // left of the y tick labels: the rotated y axis label
+	legendRow      = 22 // distance between legend entries
+	legendText     = 42 // from the plot's right edge to a legend entry's text
+	tickGap        = 6  // between a tick label and the plot or the next label
+)
+
+// lineChart draws series as lines with markers on one plot, with a legend
+// right of it. Tick labels that would print over their neighbour are left
+// out (their grid lines stay), and the view box is as wide as the legend
+// and the title need, measured by textWidth.
 func lineChart(title string, xa, ya chartAxis, series []chartSeries) string {
-	const (
-		w, h                     = 860, 460
-		left, right, top, bottom = 80, 290, 50, 55
-	)
-	pw, ph := float64(w-left-right), float64(h-top-bottom)
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range series {
 		for i := range s.xs {
@@ -165,31 +179,58 @@ func lineChart(title string, xa, ya chartAxis, series []chartSeries) string {
 	if ymax == ymin {
 		ymax = ymin + 1
 	}
+	xLabels, yLabels := tickLabels(xt), tickLabels(yt)
+
+	// Margins: the widest y tick label, the widest legend entry, the title.
+	left := 80.0
+	for _, l := range yLabels {
+		left = math.Max(left, yLabelRoom+textWidth(l, chartFont, false)+tickGap)
+	}
+	w := left + plotWidth + legendText
+	for _, s := range series {
+		w = math.Max(w, left+plotWidth+legendText+textWidth(s.name, chartFont, false)+10)
+	}
+	w = math.Ceil(math.Max(w, left+textWidth(title, chartTitleFont, true)+10))
+	h := math.Max(plotTop+plotHeight+plotBottom, plotTop+10+legendRow*float64(len(series))+10)
+	pw, ph := float64(plotWidth), float64(plotHeight)
+	right, bottom := left+pw, plotTop+ph
+
 	px := func(x float64) float64 {
 		if xa.log {
-			return float64(left) + pw*(math.Log(x)-math.Log(xmin))/(math.Log(xmax)-math.Log(xmin))
+			return left + pw*(math.Log(x)-math.Log(xmin))/(math.Log(xmax)-math.Log(xmin))
 		}
-		return float64(left) + pw*(x-xmin)/(xmax-xmin)
+		return left + pw*(x-xmin)/(xmax-xmin)
 	}
-	py := func(y float64) float64 { return float64(top) + ph*(1-(y-ymin)/(ymax-ymin)) }
+	py := func(y float64) float64 { return plotTop + ph*(1-(y-ymin)/(ymax-ymin)) }
 
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
-	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="14" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
-	for _, x := range xt {
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="%d">`+"\n", w, h, w, h, chartFont)
+	fmt.Fprintf(&b, `<rect width="%.0f" height="%.0f" fill="white"/>`+"\n", w, h)
+	fmt.Fprintf(&b, `<text x="%.0f" y="24" font-size="%d" font-weight="bold">%s</text>`+"\n", left, chartTitleFont, html.EscapeString(title))
+	lastEnd := math.Inf(-1) // right end of the last x tick label drawn
+	for i, x := range xt {
 		X := px(x)
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", X, top, X, h-bottom)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", X, h-bottom+16, tickLabel(x))
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.0f" stroke="#ddd"/>`+"\n", X, plotTop, X, bottom)
+		half := textWidth(xLabels[i], chartFont, false) / 2
+		if X-half < lastEnd+tickGap {
+			continue // it would print over the previous label
+		}
+		lastEnd = X + half
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", X, bottom+16, xLabels[i])
 	}
-	for _, y := range yt {
+	lastY := math.Inf(1) // baseline of the last y tick label drawn
+	for i, y := range yt {
 		Y := py(y)
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, Y, w-right, Y)
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, Y+4, tickLabel(y))
+		fmt.Fprintf(&b, `<line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#ddd"/>`+"\n", left, Y, right, Y)
+		if lastY-(Y+4) < chartFont+2 {
+			continue // it would print over the previous label
+		}
+		lastY = Y + 4
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-tickGap, Y+4, yLabels[i])
 	}
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+pw/2, h-12, html.EscapeString(xa.label))
-	fmt.Fprintf(&b, `<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", float64(top)+ph/2, html.EscapeString(ya.label))
+	fmt.Fprintf(&b, `<rect x="%.0f" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", left, plotTop, pw, ph)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", left+pw/2, h-12, html.EscapeString(xa.label))
+	fmt.Fprintf(&b, `<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", plotTop+ph/2, html.EscapeString(ya.label))
 	for i, s := range series {
 		color := chartColors[i%len(chartColors)]
 		dash := ""
@@ -206,12 +247,37 @@ func lineChart(title string, xa, ya chartAxis, series []chartSeries) string {
 				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", px(s.xs[j]), py(s.ys[j]), color)
 			}
 		}
-		ly := top + 10 + 22*i
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", w-right+12, ly, w-right+36, ly, color, dash)
-		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", w-right+42, ly+4, html.EscapeString(s.name))
+		ly := plotTop + 10 + legendRow*i
+		fmt.Fprintf(&b, `<line x1="%.0f" y1="%d" x2="%.0f" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", right+12, ly, right+36, ly, color, dash)
+		fmt.Fprintf(&b, `<text x="%.0f" y="%d">%s</text>`+"\n", right+legendText, ly+4, html.EscapeString(s.name))
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// textWidth is the width of s drawn at size in pixels, estimated on the
+// wide side (above DejaVu Sans, wider than the sans-serif of most
+// browsers), so that what is laid out by it fits.
+func textWidth(s string, size float64, bold bool) float64 {
+	em := 0.0
+	for _, r := range s {
+		switch {
+		case strings.ContainsRune("ijlI.,:;'|!()[]{} ", r):
+			em += 0.42
+		case strings.ContainsRune("mwMW@%", r):
+			em += 1.05
+		case strings.ContainsRune("=+<>~#&", r):
+			em += 0.9
+		case r >= 'A' && r <= 'Z':
+			em += 0.82
+		default:
+			em += 0.66
+		}
+	}
+	if bold {
+		em *= 1.1
+	}
+	return em * size
 }
 
 // niceTicks gives 0 and about five round steps up to at least top.
@@ -256,13 +322,20 @@ func decadeTicks(lo, hi float64) []float64 {
 	return t
 }
 
-func tickLabel(v float64) string {
-	switch {
-	case v >= 10000:
-		return strconv.FormatFloat(v/1000, 'f', -1, 64) + "k"
-	case v == math.Trunc(v):
-		return strconv.FormatFloat(v, 'f', 0, 64)
-	default:
-		return strconv.FormatFloat(v, 'g', 3, 64)
+// tickLabels labels an axis's ticks; on an axis that reaches 10 000 every
+// tick from 1 000 up is in thousands ("5k", "10k"), not "5000" beside "10k".
+func tickLabels(ticks []float64) []string {
+	k := len(ticks) > 0 && slices.Max(ticks) >= 10000
+	labels := make([]string, len(ticks))
+	for i, v := range ticks {
+		switch {
+		case k && v >= 1000:
+			labels[i] = strconv.FormatFloat(v/1000, 'f', -1, 64) + "k"
+		case v == math.Trunc(v):
+			labels[i] = strconv.FormatFloat(v, 'f', 0, 64)
+		default:
+			labels[i] = strconv.FormatFloat(v, 'g', 3, 64)
+		}
 	}
+	return labels
 }
