@@ -18,23 +18,27 @@
 
 -- Raises unless, for every i, tok[i] is the latest token of resource res[i]
 -- (FN002 when tok[i] is NULL, FN003 when res[i] was never granted or is
--- NULL, FN001 when tok[i] is older), and keeps every lease row of res locked
--- FOR KEY SHARE to the end of the transaction.
+-- NULL, FN001 when tok[i] is older), and keeps every grant of res from
+-- committing until the transaction ends: by the resources' gates (a
+-- statement over a few resources under READ COMMITTED) or by locking their
+-- lease rows FOR KEY SHARE (every other statement).
 --
 -- Why this is guarantee 3 per resource without one heavyweight lock per
--- resource: a grant locks the lease row FOR UPDATE before it writes the new
--- token (fence._grant), and FOR UPDATE conflicts with FOR KEY SHARE. If we
--- lock first, the grant waits until our transaction has ended, so it returns
--- after our write committed. If the grant locked first, we wait for it; then
--- under READ COMMITTED the lock lands on the newest row version, whose token
--- we compare (the grant's, so an older token is refused), and under REPEATABLE
--- READ or SERIALIZABLE locking a row updated after our snapshot fails with
--- 40001. Row locks live in the rows, not in the lock table, so a statement
--- that writes rows of 100 000 resources needs no max_locks_per_transaction
--- (TestLargeStatementsStayInTheLockBudget).
+-- resource: a grant takes the gate in exclusive mode and then locks the
+-- lease row FOR UPDATE before it writes the new token (fence._grant), and
+-- FOR UPDATE conflicts with FOR KEY SHARE. If we lock first, the grant waits
+-- until our transaction has ended, so it returns after our write committed.
+-- If the grant locked first, we wait for it; then under READ COMMITTED the
+-- lock lands on the newest row version, whose token we compare (the
+-- grant's, so an older token is refused), and under REPEATABLE READ or
+-- SERIALIZABLE locking a row updated after our snapshot fails with 40001.
+-- Row locks live in the rows, not in the lock table, so a statement that
+-- writes rows of 100 000 resources needs no max_locks_per_transaction
+-- (TestLargeStatementsStayInTheLockBudget). The gates are only for small
+-- statements: there they spare the row lock's WAL record (most writes touch
+-- one resource), and they queue writers behind a waiting grant (below).
 --
--- op and rel only word the errors. (Small statements also take advisory
--- gates, for fairness only: see below.) SECURITY DEFINER: a row lock needs UPDATE
+-- op and rel only word the errors. SECURITY DEFINER: a row lock needs UPDATE
 -- on fence.lease, which writers do not have; EXECUTE comes with the kit's
 -- usage, so a role without it cannot write a per-row table at all (42501).
 CREATE FUNCTION fence._check_many(res text[], tok bigint[], op text, rel oid) RETURNS void
@@ -47,29 +51,48 @@ DECLARE
     bad     record;
     gates   text := current_setting('fence._gates', true);
     held    integer;
+    gated   boolean := false;
 BEGIN
-    -- Fairness, not safety: a FOR KEY SHARE lock never queues behind a
-    -- grant's waiting FOR UPDATE, so writers whose transactions overlap
-    -- could hold a grant off for as long as they keep coming (past
-    -- fence.grant_wait, which bounds each lock wait, not their sum). A
-    -- statement over a few resources therefore also takes their gates in
-    -- share mode (in key order), as the table-wide guard does; a waiting
-    -- grant holds the gate's queue. Bounded so that the lock table never
-    -- fills: at most 16 resources per statement and 64 gates per transaction
-    -- (counted in fence._gates; a forged count only gives up the fairness).
+    -- A statement over a few resources takes their gates in share mode (in
+    -- key order, so that two writers never wait for each other's gates in
+    -- opposite orders), as the table-wide guard does: a grant takes the gate
+    -- in exclusive mode before it locks the lease row, so
+    -- * under READ COMMITTED the gate alone is enough (fence.check's
+    --   argument): a read after it sees every grant that committed before
+    --   we got it, and no grant can commit until we end; no row is written;
+    -- * a waiting grant holds the gate's queue, where a FOR KEY SHARE lock
+    --   never queues behind a waiting FOR UPDATE (transactions that keep
+    --   adding rows to one resource would hold its grant off past
+    --   fence.grant_wait, which bounds each lock wait, not their sum).
+    -- At most 16 resources per statement and 64 gates per transaction
+    -- (counted in fence._gates), so that the lock table never fills; past
+    -- that, the row locks below do the work alone. A forged count only
+    -- moves a statement to the row locks.
     IF cardinality(res) <= 16 THEN
         held := CASE WHEN gates ~ '^[0-9]{1,4}$' THEN gates::integer WHEN coalesce(gates, '') = '' THEN 0 ELSE 64 END;
         IF held + cardinality(res) <= 64 THEN
-            PERFORM pg_advisory_xact_lock_shared(k)
-               FROM (SELECT DISTINCT fence._gate_key(r) AS k FROM unnest(res) AS r WHERE r IS NOT NULL) g ORDER BY k;
+            IF cardinality(res) = 1 AND res[1] IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock_shared(fence._gate_key(res[1]));
+            ELSE
+                PERFORM pg_advisory_xact_lock_shared(k)
+                   FROM (SELECT DISTINCT fence._gate_key(r) AS k FROM unnest(res) AS r WHERE r IS NOT NULL) g ORDER BY k;
+            END IF;
             PERFORM set_config('fence._gates', (held + cardinality(res))::text, true);
+            gated := true;
         END IF;
     END IF;
-    -- Lock and compare in one pass: one index probe per resource (LATERAL,
-    -- so that no plan hashes the whole of fence.lease to find a few rows).
-    SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
-      FROM unnest(res, tok) AS n(r, t),
-           LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource = n.r FOR KEY SHARE) l;
+    IF gated AND current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
+          FROM unnest(res, tok) AS n(r, t),
+               LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource = n.r) l;
+    ELSE
+        -- Lock and compare in one pass: one index probe per resource
+        -- (LATERAL, so that no plan hashes the whole of fence.lease to find
+        -- a few rows).
+        SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
+          FROM unnest(res, tok) AS n(r, t),
+               LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource = n.r FOR KEY SHARE) l;
+    END IF;
     IF found_n = cardinality(res) AND NOT stale THEN
         RETURN;
     END IF;
@@ -89,7 +112,7 @@ BEGIN
     END IF;
     PERFORM fence.check(bad.r, bad.t);
     -- fence.check passed: the lease row changed between the two reads (it
-    -- cannot while we hold the lock; refuse all the same)
+    -- cannot while we hold the gate or the lock; refuse all the same)
     RAISE EXCEPTION 'pgfence: stale fencing token % for resource %', bad.t, bad.r
         USING ERRCODE = 'FN001', DETAIL = format('resource=%s token=%s', bad.r, bad.t),
               HINT = 'acquire the lease again and use the new token';
@@ -162,6 +185,10 @@ DECLARE
     regj pg_catalog.jsonb;
     rs pg_catalog.text[];
     ts pg_catalog.int8[];
+    n pg_catalog.int4;
+    held pg_catalog.int4;
+    found_n pg_catalog.int8;
+    stale pg_catalog.bool;
 BEGIN
 $s$,
         CASE WHEN tcol IS NOT NULL THEN
@@ -235,9 +262,36 @@ $s$
         END,
 $s$
     END IF;
-    IF rs IS NOT NULL THEN
-        PERFORM fence._check_many(rs, ts, TG_OP, TG_RELID);
+    IF rs IS NULL THEN
+        RETURN NULL;
     END IF;
+    -- The common case inline (fence._check_many explains it): a few
+    -- resources under READ COMMITTED, their gates in share mode, then a read
+    -- with a snapshot taken after them. Everything else, and every failure
+    -- (for its error), goes to fence._check_many.
+    n := pg_catalog.cardinality(rs);
+    IF n OPERATOR(pg_catalog.<=) 16
+       AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        reg := pg_catalog.current_setting('fence._gates', true);
+        held := CASE WHEN reg OPERATOR(pg_catalog.~) '^[0-9]{1,4}$' THEN reg::pg_catalog.int4
+                     WHEN COALESCE(reg, '') OPERATOR(pg_catalog.=) '' THEN 0 ELSE 64 END;
+        IF held OPERATOR(pg_catalog.+) n OPERATOR(pg_catalog.<=) 64 AND pg_catalog.array_position(rs, NULL) IS NULL THEN
+            IF n OPERATOR(pg_catalog.=) 1 THEN
+                PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(rs[1]));
+            ELSE
+                PERFORM pg_catalog.pg_advisory_xact_lock_shared(g.k)
+                   FROM (SELECT DISTINCT fence._gate_key(u.r) AS k FROM pg_catalog.unnest(rs) AS u(r)) g ORDER BY g.k;
+            END IF;
+            PERFORM pg_catalog.set_config('fence._gates', (held OPERATOR(pg_catalog.+) n)::pg_catalog.text, true);
+            SELECT pg_catalog.count(*), pg_catalog.bool_or(u.t IS NULL OR u.t OPERATOR(pg_catalog.<>) l.token) INTO found_n, stale
+              FROM ROWS FROM (pg_catalog.unnest(rs), pg_catalog.unnest(ts)) AS u(r, t),
+                   LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) u.r) l;
+            IF found_n OPERATOR(pg_catalog.=) n AND NOT stale THEN
+                RETURN NULL;
+            END IF;
+        END IF;
+    END IF;
+    PERFORM fence._check_many(rs, ts, TG_OP, TG_RELID);
     RETURN NULL;
 END
 $s$),

@@ -481,3 +481,44 @@ func pgCode(err error) string {
 	}
 	return ""
 }
+
+// TestManySmallStatementsStayInTheLockBudget: a transaction that writes the
+// rows of 100 resources one statement at a time holds at most 64 gates (the
+// first statements take their resources' gates, the later ones lock lease
+// rows instead), and every resource it wrote, gated or not, holds off its
+// grant until the transaction ends.
+func TestManySmallStatementsStayInTheLockBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	jobs(t, b)
+	ctx := b.ctx
+	const n = 100
+	toks := make([]int64, n+1)
+	for i := 1; i <= n; i++ {
+		toks[i] = grant(t, b, fmt.Sprintf("job:%d", i), "W")
+		b.exec(t, `INSERT INTO job VALUES ($1, 'new', $2)`, i, toks[i])
+	}
+	conn, other := b.db.Conn(t), b.db.Conn(t)
+	_, err := other.Exec(ctx, `SET fence.grant_wait = '200ms'`)
+	require.NoError(t, err)
+	inTx(t, ctx, conn, pgx.ReadCommitted, func(tx pgx.Tx) {
+		for i := 1; i <= n; i++ {
+			_, err := tx.Exec(ctx, `UPDATE job SET state = 'w', tok = $2 WHERE id = $1`, i, toks[i])
+			require.NoError(t, err)
+		}
+		var gates int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'`,
+			conn.PgConn().PID()).Scan(&gates))
+		require.LessOrEqual(t, gates, 64)
+		require.Greater(t, gates, 0)
+		for _, i := range []int{1, n} { // the first statement took a gate, the last a row lock
+			_, err := sqlfuncs.Revoke(ctx, other, fmt.Sprintf("job:%d", i))
+			require.ErrorIs(t, err, sqlfuncs.ErrBusy, "job:%d: the grant must wait for the open transaction", i)
+		}
+	})
+	newTok, err := sqlfuncs.Revoke(ctx, other, fmt.Sprintf("job:%d", n))
+	require.NoError(t, err)
+	require.Greater(t, newTok, toks[n])
+	_, err = b.db.Pool.Exec(ctx, `UPDATE job SET state = 'stale', tok = $2 WHERE id = $1`, n, toks[n])
+	requireCode(t, err, "FN001")
+}
