@@ -1,6 +1,10 @@
 // Package sqlfuncs is the Go binding of pgfence's SQL surface: one function
-// per function of schema fence, over pgx v5. It is the only Go code of the
-// project that holds SQL text; everything above it (gofence, the CLI) reaches
+// per function of schema fence, over pgx v5, and the read-only catalog reads
+// (catalog.go) with which pgfence doctor and pgfence migrate inspect the kit,
+// the role's privileges and the server before acting. It holds the SQL text
+// with which the project's Go code talks to the kit and the catalogs (the
+// tables of the demo and the benchmark, tests and internal/pgtest's scratch
+// servers keep their own); everything above it (gofence, the CLI) reaches
 // the database through these functions.
 //
 // Every binding takes a DB, which *pgx.Conn, pgx.Tx and *pgxpool.Pool all
@@ -13,7 +17,8 @@
 // with errors.As) and, for pgfence's own outcomes, also match an exported
 // sentinel with errors.Is: ErrStaleToken (SQLSTATE FN001), ErrNoToken (FN002),
 // ErrUnknownToken (FN003), ErrBusy (FN004) and ErrNotInstalled (schema fence
-// or one of its functions is missing).
+// or one of its functions is missing). The catalog reads return pgx's errors
+// as they are: none of them raises a fencing outcome.
 package sqlfuncs
 
 import (

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // finding is one line of pgfence doctor.
@@ -21,20 +22,6 @@ type finding struct {
 	Detail string `json:"detail"`
 	Fix    string `json:"fix,omitempty"`
 }
-
-// The diagnostic queries of doctor: they read settings and catalogs only.
-const (
-	doctorServerSQL = `SELECT current_setting('server_version'), current_setting('server_version_num')::int,
-		pg_is_in_recovery(), current_user, clock_timestamp()`
-	doctorPrivSQL = `SELECT has_schema_privilege('fence', 'USAGE'),
-		has_function_privilege('fence.acquire(text, text, interval, boolean)', 'EXECUTE'),
-		has_function_privilege('fence.check(text, bigint)', 'EXECUTE'),
-		has_function_privilege('fence.revoke(text)', 'EXECUTE')`
-	doctorSettingsSQL = `SELECT current_setting('synchronous_commit'),
-		current_setting('idle_in_transaction_session_timeout'),
-		(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS DISTINCT FROM 'sync' AND sync_state IS DISTINCT FROM 'quorum'),
-		(SELECT count(*) FROM pg_stat_replication)`
-)
 
 func newDoctorCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
@@ -92,33 +79,27 @@ table), so it is safe to run as any role, before or after installing.`,
 }
 
 func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
-	var (
-		version    string
-		versionNum int
-		inRecovery bool
-		user       string
-		serverNow  time.Time
-	)
 	sent := time.Now()
-	if err := pool.QueryRow(ctx, doctorServerSQL).Scan(&version, &versionNum, &inRecovery, &user, &serverNow); err != nil {
+	srv, err := sqlfuncs.ReadServerInfo(ctx, pool)
+	if err != nil {
 		add("connection", "fail", err.Error(), "check the role and database in the connection string")
 		return
 	}
 	rtt := time.Since(sent)
 	cfg := pool.Config().ConnConfig
-	add("connection", "ok", fmt.Sprintf("%s@%s:%d/%s, round trip %s", user, cfg.Host, cfg.Port, cfg.Database, rtt.Round(time.Microsecond)), "")
-	if versionNum < 130000 {
-		add("server version", "fail", "PostgreSQL "+version, "pgfence needs PostgreSQL 13 or newer")
+	add("connection", "ok", fmt.Sprintf("%s@%s:%d/%s, round trip %s", srv.User, cfg.Host, cfg.Port, cfg.Database, rtt.Round(time.Microsecond)), "")
+	if srv.VersionNum < 130000 {
+		add("server version", "fail", "PostgreSQL "+srv.Version, "pgfence needs PostgreSQL 13 or newer")
 	} else {
-		add("server version", "ok", "PostgreSQL "+version, "")
+		add("server version", "ok", "PostgreSQL "+srv.Version, "")
 	}
-	if inRecovery {
+	if srv.InRecovery {
 		add("writable", "fail", "the server is a standby in recovery: no grant can be made here", "point pgfence at the primary")
 	}
 
 	// Clock: expiry is decided by the server's clock alone; a large offset
 	// only makes "expires in" shown here differ from this machine's view.
-	offset := serverNow.Sub(sent.Add(rtt / 2))
+	offset := srv.Now.Sub(sent.Add(rtt / 2))
 	if offset < 0 {
 		offset = -offset
 	}
@@ -137,12 +118,13 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		doctorGuards(ctx, pool, k, add)
 	}
 
-	var syncCommit, idleTimeout string
-	var asyncStandbys, standbys int
-	if err := pool.QueryRow(ctx, doctorSettingsSQL).Scan(&syncCommit, &idleTimeout, &asyncStandbys, &standbys); err != nil {
+	settings, err := sqlfuncs.ReadDurabilitySettings(ctx, pool)
+	if err != nil {
 		add("settings", "fail", err.Error(), "")
 		return
 	}
+	syncCommit, idleTimeout := settings.SynchronousCommit, settings.IdleInTransactionSessionTimeout
+	asyncStandbys, standbys := settings.AsyncStandbys, settings.Standbys
 	if syncCommit == "off" {
 		add("synchronous_commit", "warn", "off for this role/database",
 			"grants and renewals force it on for their own transaction, so tokens stay safe; your own writes may be lost in a crash: consider 'on'")
@@ -207,11 +189,12 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (no usage on schema fence)", k.User), grant)
 		return
 	}
-	var usage, acquire, check, revoke bool
-	if err := pool.QueryRow(ctx, doctorPrivSQL).Scan(&usage, &acquire, &check, &revoke); err != nil {
+	priv, err := sqlfuncs.ReadKitPrivileges(ctx, pool)
+	if err != nil {
 		add("privileges", "fail", err.Error(), "")
 		return
 	}
+	usage, acquire, check, revoke := priv.Usage, priv.Acquire, priv.Check, priv.Revoke
 	if !usage || !acquire || !check {
 		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (schema usage %v, acquire %v, check %v)", k.User, usage, acquire, check), grant)
 		return

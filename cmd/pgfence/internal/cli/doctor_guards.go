@@ -5,34 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// Queries of the guard and promotion checks of doctor: catalogs, settings and
-// statistics views only, all readable by an ordinary role.
-const (
-	// One row per protected table: its name, resource, token column, the
-	// roles other than its owner that can create triggers on it, whether it
-	// still has the guard trigger of migration 002, and whether a guard
-	// trigger of it is disabled.
-	doctorProtectedSQL = `SELECT p.tbl::text, p.resource, coalesce(p.token_column::text, ''),
-		coalesce(array_to_string(p.trigger_roles, ', '), ''),
-		EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p.tbl AND t.tgname = 'zz_fence_guard_row'),
-		EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
-		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'D')
-		FROM fence.protected p ORDER BY 1`
-	// What decides whether two promotions can land on one timeline
-	// (docs/design.md, "Two promotions from one timeline").
-	doctorPromotionSQL = `SELECT pg_is_in_recovery(),
-		CASE WHEN pg_is_in_recovery() THEN 0
-		     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
-		current_setting('archive_mode'),
-		coalesce(nullif(current_setting('archive_library', true), ''), current_setting('archive_command')),
-		current_setting('restore_command'),
-		current_setting('recovery_target_timeline'),
-		(SELECT count(*) FROM pg_stat_replication),
-		coalesce((SELECT a.last_failed_time > coalesce(a.last_archived_time, '-infinity') FROM pg_stat_archiver a), false)`
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // doctorGuards reports what can get around the guards of protected tables:
@@ -43,45 +18,33 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 	if !k.Installed || !k.VersionKnown || k.Version < 3 || !(k.Usage || k.Super) {
 		return
 	}
-	rows, err := pool.Query(ctx, doctorProtectedSQL)
-	if err != nil {
-		add("protected tables", "fail", err.Error(), "")
-		return
-	}
-	type table struct {
-		name, resource, column, roles string
-		legacy, disabled              bool
-	}
-	tables, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (table, error) {
-		var t table
-		err := r.Scan(&t.name, &t.resource, &t.column, &t.roles, &t.legacy, &t.disabled)
-		return t, err
-	})
+	tables, err := sqlfuncs.ProtectedTables(ctx, pool)
 	if err != nil {
 		add("protected tables", "fail", err.Error(), "")
 		return
 	}
 	clean := 0
 	for _, t := range tables {
-		if t.disabled {
-			add("protected tables", "fail", fmt.Sprintf("a guard trigger of %s is disabled: writes to it are not fenced", t.name),
-				fmt.Sprintf("as the owner of %s: ALTER TABLE %s ENABLE TRIGGER USER (or SELECT fence.protect again)", t.name, t.name))
+		roles := strings.Join(t.TriggerRoles, ", ")
+		if t.GuardDisabled {
+			add("protected tables", "fail", fmt.Sprintf("a guard trigger of %s is disabled: writes to it are not fenced", t.Table),
+				fmt.Sprintf("as the owner of %s: ALTER TABLE %s ENABLE TRIGGER USER (or SELECT fence.protect again)", t.Table, t.Table))
 		}
-		if t.roles != "" {
-			add("protected tables", "warn", fmt.Sprintf("roles other than the owner can create triggers on %s: %s; such a trigger can rewrite rows after the guard checked them", t.name, t.roles),
-				fmt.Sprintf("as the owner of %s: REVOKE TRIGGER ON %s FROM %s (grant SELECT, INSERT, UPDATE, DELETE instead of ALL)", t.name, t.name, t.roles))
+		if roles != "" {
+			add("protected tables", "warn", fmt.Sprintf("roles other than the owner can create triggers on %s: %s; such a trigger can rewrite rows after the guard checked them", t.Table, roles),
+				fmt.Sprintf("as the owner of %s: REVOKE TRIGGER ON %s FROM %s (grant SELECT, INSERT, UPDATE, DELETE instead of ALL)", t.Table, t.Table, roles))
 		}
-		if t.legacy {
+		if t.LegacyGuard {
 			lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-			protect := "SELECT fence.protect(" + lit(t.name) + ", " + lit(t.resource)
-			if t.column != "" {
-				protect += ", " + lit(t.column)
+			protect := "SELECT fence.protect(" + lit(t.Table) + ", " + lit(t.Resource)
+			if t.TokenColumn != "" {
+				protect += ", " + lit(t.TokenColumn)
 			}
 			protect += ")"
-			add("protected tables", "warn", fmt.Sprintf("%s keeps the guard of migration 2 (made fail-closed by migration 3, but slower, and an UPDATE that re-assigns the row's own token needs fence.use_token)", t.name),
-				"as the owner of "+t.name+": "+protect)
+			add("protected tables", "warn", fmt.Sprintf("%s keeps the guard of migration 2 (made fail-closed by migration 3, but slower, and an UPDATE that re-assigns the row's own token needs fence.use_token)", t.Table),
+				"as the owner of "+t.Table+": "+protect)
 		}
-		if !t.disabled && t.roles == "" && !t.legacy {
+		if !t.GuardDisabled && roles == "" && !t.LegacyGuard {
 			clean++
 		}
 	}
@@ -100,13 +63,13 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 // (docs/design.md, "Two promotions from one timeline"). What one server
 // cannot see: standbys of an old primary connected to nothing.
 func doctorPromotion(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
-	var standby, failing bool
-	var timeline, standbys int
-	var archiveMode, archiver, restore, targetTimeline string
-	if err := pool.QueryRow(ctx, doctorPromotionSQL).Scan(&standby, &timeline, &archiveMode, &archiver, &restore, &targetTimeline, &standbys, &failing); err != nil {
+	p, err := sqlfuncs.ReadPromotionSetup(ctx, pool)
+	if err != nil {
 		add("promotion", "fail", err.Error(), "")
 		return
 	}
+	standby, failing, timeline, standbys := p.InRecovery, p.ArchiverFailing, p.Timeline, p.Standbys
+	archiveMode, archiver, restore, targetTimeline := p.ArchiveMode, p.Archiver, p.RestoreCommand, p.RecoveryTargetTimeline
 	const share = "archive WAL where every standby can restore from it (archive_mode, archive_command; restore_command and recovery_target_timeline = 'latest' on the standbys), or re-point every other standby at a newly promoted server before promoting another (docs/design.md, Two promotions from one timeline)"
 	noArchive := archiveMode == "off" || strings.TrimSpace(archiver) == ""
 	switch {

@@ -6,22 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// The platform queries of doctor (docs/platforms.md): read-only, each on its
-// own so that one a service refuses does not hide the others.
-const (
-	doctorBackendPIDSQL = `SELECT pg_backend_pid()`
-	doctorRecoverySQL   = `SELECT pg_is_in_recovery()`
-	// The functions fence._epoch and fence._timeline read on every grant
-	// (as the kit's owner, SECURITY DEFINER; doctor asks as the current role).
-	doctorSysidSQL    = `SELECT (pg_control_system()).system_identifier::text`
-	doctorWalLSNSQL   = `SELECT pg_current_wal_lsn()::text`
-	doctorTimelineSQL = `SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)`
-	// Settings that name a managed service (custom GUC prefixes its
-	// extensions define); a heuristic, see docs/platforms.md.
-	doctorServiceSQL = `SELECT coalesce(string_agg(DISTINCT split_part(name, '.', 1), ',' ORDER BY split_part(name, '.', 1)), '')
-		FROM pg_settings WHERE name ~ '^(rds|aurora|apg_plan_mgmt|cloudsql|alloydb|google_columnar_engine|azure|neon|supautils)[._]'`
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // doctorPlatformChecks reports what doctor can tell about a connection
@@ -30,18 +16,21 @@ const (
 func doctorPlatformChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
 	doctorPoolerCheck(ctx, pool, add)
 
-	var inRecovery bool
-	if err := pool.QueryRow(ctx, doctorRecoverySQL).Scan(&inRecovery); err != nil || inRecovery {
+	if inRecovery, err := sqlfuncs.InRecovery(ctx, pool); err != nil || inRecovery {
 		return // reported by the connection and writable checks
 	}
+	// Each read on its own, so that one a service refuses does not hide the
+	// others.
 	var failed []string
-	for _, q := range []struct{ name, sql string }{
-		{"pg_control_system()", doctorSysidSQL},
-		{"pg_current_wal_lsn()", doctorWalLSNSQL},
-		{"pg_walfile_name()", doctorTimelineSQL},
+	for _, q := range []struct {
+		name string
+		read func(context.Context, sqlfuncs.DB) (string, error)
+	}{
+		{"pg_control_system()", sqlfuncs.SystemIdentifier},
+		{"pg_current_wal_lsn()", sqlfuncs.CurrentWALLSN},
+		{"pg_walfile_name()", sqlfuncs.WALTimelineHex},
 	} {
-		var s string
-		if err := pool.QueryRow(ctx, q.sql).Scan(&s); err != nil {
+		if _, err := q.read(ctx, pool); err != nil {
 			failed = append(failed, q.name+": "+oneLine(err))
 		}
 	}
@@ -52,8 +41,8 @@ func doctorPlatformChecks(ctx context.Context, pool *pgxpool.Pool, add func(chec
 		add("token epoch", "ok", "system identifier and WAL timeline readable (pg_control_system, pg_current_wal_lsn, pg_walfile_name)", "")
 	}
 
-	var service string
-	if err := pool.QueryRow(ctx, doctorServiceSQL).Scan(&service); err == nil && service != "" {
+	if prefixes, err := sqlfuncs.ManagedServicePrefixes(ctx, pool); err == nil && len(prefixes) > 0 {
+		service := strings.Join(prefixes, ",")
 		add("managed service", "warn", "settings of "+service+" are defined: "+serviceGuess(service),
 			"read docs/platforms.md for what a failover of this service means for tokens")
 	}
@@ -71,8 +60,8 @@ func doctorPoolerCheck(ctx context.Context, pool *pgxpool.Pool, add func(check, 
 		return
 	}
 	defer a.Release()
-	var pid1 uint32
-	if err := a.QueryRow(ctx, doctorBackendPIDSQL).Scan(&pid1); err != nil {
+	pid1, err := sqlfuncs.BackendPID(ctx, a)
+	if err != nil {
 		return
 	}
 	if pid1 == a.Conn().PgConn().PID() {
@@ -82,9 +71,10 @@ func doctorPoolerCheck(ctx context.Context, pool *pgxpool.Pool, add func(check, 
 	mode := "a pooler in session mode, or one whose transaction mode kept the same backend this time"
 	if b, err := pool.Acquire(ctx); err == nil {
 		if tx, err := b.Begin(ctx); err == nil {
-			var pid2, pid3 uint32
-			if tx.QueryRow(ctx, doctorBackendPIDSQL).Scan(&pid2) == nil && a.QueryRow(ctx, doctorBackendPIDSQL).Scan(&pid3) == nil && pid3 != pid1 {
-				mode = "a pooler in transaction mode (the backend changed between two transactions of one connection)"
+			if _, err := sqlfuncs.BackendPID(ctx, tx); err == nil {
+				if pid3, err := sqlfuncs.BackendPID(ctx, a); err == nil && pid3 != pid1 {
+					mode = "a pooler in transaction mode (the backend changed between two transactions of one connection)"
+				}
 			}
 			_ = tx.Rollback(ctx)
 		}

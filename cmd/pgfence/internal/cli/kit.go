@@ -43,31 +43,12 @@ func Version() string {
 }
 
 // kitState is what the catalogs say about the kit and about the role that
-// asks, read without writing anything: pgfence migrate version and doctor
-// use it instead of golang-migrate, which creates its version table when it
-// is missing (and, when that fails, keeps the connection it took).
+// asks (sqlfuncs.KitCatalog), and the kit's version, read without writing
+// anything: pgfence migrate version and doctor use it instead of
+// golang-migrate, which creates its version table when it is missing (and,
+// when that fails, keeps the connection it took).
 type kitState struct {
-	User, Database string
-	Super          bool
-	// CanCreateDB: CREATE on the database (for schema fence).
-	CanCreateDB bool
-	// Schema is where golang-migrate keeps fence_schema_migrations for this
-	// role: current_schema(), "" when search_path names no existing schema.
-	Schema      string
-	SchemaOwner string
-	// CanCreateInSchema: CREATE on Schema (for the version table).
-	CanCreateInSchema bool
-	// VersionTable: Schema.fence_schema_migrations exists; ReadVersionTable:
-	// this role may read it.
-	VersionTable, ReadVersionTable bool
-	// Installed: schema fence exists. KitOwner owns it; IsKitOwner: this
-	// role is, or is a member of, KitOwner.
-	Installed  bool
-	KitOwner   string
-	IsKitOwner bool
-	// Usage: USAGE on schema fence; CallVersion: this role may call
-	// fence.version() (fence.grant_usage grants both).
-	Usage, CallVersion bool
+	sqlfuncs.KitCatalog
 
 	// Version and Dirty as recorded in the version table, or from
 	// fence.version() when that table cannot be read (DirtyKnown false).
@@ -77,60 +58,24 @@ type kitState struct {
 	VersionKnown, DirtyKnown bool
 }
 
-// The catalog reads of readKit (doctor's and migrate's checks; no function of
-// the kit can answer them when the kit is missing or unusable by the role).
-const (
-	kitStateSQL = `WITH s AS (SELECT current_schema() AS schema),
-	t AS (SELECT schema, CASE WHEN schema IS NOT NULL THEN pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema, $1::text)) END AS tbl FROM s),
-	k AS (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'fence')
-	SELECT current_user, current_database(),
-		(SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user),
-		has_database_privilege(current_database(), 'CREATE'),
-		coalesce(t.schema, ''),
-		coalesce((SELECT nspowner::regrole::text FROM pg_catalog.pg_namespace WHERE nspname = t.schema), ''),
-		coalesce(has_schema_privilege(t.schema, 'CREATE'), false),
-		t.tbl IS NOT NULL,
-		coalesce(has_table_privilege(t.tbl, 'SELECT'), false),
-		EXISTS (SELECT FROM k),
-		coalesce((SELECT nspowner::regrole::text FROM k), ''),
-		coalesce((SELECT pg_has_role(nspowner, 'USAGE') FROM k), false),
-		CASE WHEN EXISTS (SELECT FROM k) THEN has_schema_privilege('fence', 'USAGE') ELSE false END,
-		CASE WHEN NOT EXISTS (SELECT FROM k) THEN false
-			WHEN has_schema_privilege('fence', 'USAGE') THEN coalesce(has_function_privilege(pg_catalog.to_regprocedure('fence.version()'), 'EXECUTE'), false)
-			ELSE false END
-	FROM t`
-	// kitVersionSQL is golang-migrate's own read of its table (format %s:
-	// the quoted schema).
-	kitVersionSQL = `SELECT version, dirty FROM %s.fence_schema_migrations LIMIT 1`
-	// kitProtectedSQL lists the tables that migrating below version 1 would
-	// leave unguarded (001's down file refuses then).
-	kitProtectedSQL = `SELECT coalesce(string_agg(DISTINCT tbl::text, ', '), '') FROM fence.protected`
-	kitLeasesSQL    = `SELECT EXISTS (SELECT FROM fence.lease)`
-	// kitRowsProtectedSQL lists the tables protected per row, which
-	// migrating below version 4 would leave unguarded (004's down file
-	// refuses then). Only for version 4 and later: older views have no form.
-	kitRowsProtectedSQL = `SELECT coalesce(string_agg(DISTINCT tbl::text, ', '), '') FROM fence.protected WHERE form = 'rows'`
-)
-
 // readKit reads the kit's state as the pool's role, writing nothing.
 func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 	var k kitState
-	err := pool.QueryRow(ctx, kitStateSQL, migrations.Table).Scan(&k.User, &k.Database, &k.Super, &k.CanCreateDB,
-		&k.Schema, &k.SchemaOwner, &k.CanCreateInSchema, &k.VersionTable, &k.ReadVersionTable,
-		&k.Installed, &k.KitOwner, &k.IsKitOwner, &k.Usage, &k.CallVersion)
+	var err error
+	k.KitCatalog, err = sqlfuncs.ReadKitCatalog(ctx, pool, migrations.Table)
 	if err != nil {
 		return k, fmt.Errorf("reading the catalogs: %w", err)
 	}
 	switch {
 	case k.VersionTable && k.ReadVersionTable:
-		var v int64
-		err := pool.QueryRow(ctx, fmt.Sprintf(kitVersionSQL, pgx.Identifier{k.Schema}.Sanitize())).Scan(&v, &k.Dirty)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		v, dirty, _, err := sqlfuncs.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
+		if err != nil {
 			return k, fmt.Errorf("reading %s.%s: %w", k.Schema, migrations.Table, err)
 		}
 		if v > 0 {
 			k.Version = uint(v)
 		}
+		k.Dirty = dirty
 		k.VersionKnown, k.DirtyKnown = true, true
 	case k.Installed && k.CallVersion:
 		v, err := sqlfuncs.Version(ctx, pool)
@@ -142,29 +87,6 @@ func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 		k.VersionKnown, k.DirtyKnown = true, true // version 0: never installed
 	}
 	return k, nil
-}
-
-// hasLeases reports whether fence.lease has any row (a resource was ever
-// granted).
-func hasLeases(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-	var b bool
-	err := pool.QueryRow(ctx, kitLeasesSQL).Scan(&b)
-	return b, err
-}
-
-// protectedTables lists the tables guarded by the kit, for the kit's owner.
-func protectedTables(ctx context.Context, pool *pgxpool.Pool) (string, error) {
-	var tables string
-	err := pool.QueryRow(ctx, kitProtectedSQL).Scan(&tables)
-	return tables, err
-}
-
-// rowsProtectedTables lists the tables protected per row (fence.protect_rows),
-// for the kit's owner at version 4 or later.
-func rowsProtectedTables(ctx context.Context, pool *pgxpool.Pool) (string, error) {
-	var tables string
-	err := pool.QueryRow(ctx, kitRowsProtectedSQL).Scan(&tables)
-	return tables, err
 }
 
 // canMigrate says, before golang-migrate is asked to change anything, why

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // migrateJSON is the --json shape of every migrate action. Dirty is null when
@@ -148,25 +149,25 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 	}
 	if target < int(k.Version) {
 		if target == 0 && k.Installed {
-			tables, err := protectedTables(ctx, pool)
+			tables, err := sqlfuncs.ProtectedTableNames(ctx, pool)
 			if err != nil {
 				return fmt.Errorf("listing protected tables: %w", err)
 			}
-			if tables != "" {
-				return fmt.Errorf("cannot remove schema fence while tables are protected (%s): run pgfence unprotect TABLE for each, as its owner, then migrate down again; nothing was changed", tables)
+			if len(tables) > 0 {
+				return fmt.Errorf("cannot remove schema fence while tables are protected (%s): run pgfence unprotect TABLE for each, as its owner, then migrate down again; nothing was changed", strings.Join(tables, ", "))
 			}
 		}
 		if target < 4 && int(k.Version) >= 4 && k.Installed {
-			tables, err := rowsProtectedTables(ctx, pool)
+			tables, err := sqlfuncs.RowsProtectedTableNames(ctx, pool)
 			if err != nil {
 				return fmt.Errorf("listing tables protected per row: %w", err)
 			}
-			if tables != "" {
-				return fmt.Errorf("cannot migrate below version 4 while tables are protected per row (%s): versions before 4 have no per-row guard, so their writes would go unchecked; run pgfence unprotect TABLE for each, or protect it table-wide with pgfence protect TABLE --resource RESOURCE, as its owner, then migrate down again; nothing was changed", tables)
+			if len(tables) > 0 {
+				return fmt.Errorf("cannot migrate below version 4 while tables are protected per row (%s): versions before 4 have no per-row guard, so their writes would go unchecked; run pgfence unprotect TABLE for each, or protect it table-wide with pgfence protect TABLE --resource RESOURCE, as its owner, then migrate down again; nothing was changed", strings.Join(tables, ", "))
 			}
 		}
 		if target < 3 && int(k.Version) >= 3 && k.Installed {
-			leases, err := hasLeases(ctx, pool)
+			leases, err := sqlfuncs.HasLeases(ctx, pool)
 			if err != nil {
 				return fmt.Errorf("reading fence.lease: %w", err)
 			}
