@@ -1,9 +1,7 @@
 package sqlfuncs_test
 
 import (
-	"io/fs"
 	"regexp"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
@@ -195,18 +194,13 @@ func TestProtectedTablesAtVersion3(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Empty(t)
 	ctx := t.Context()
-	ups, err := fs.Glob(migrations.FS, "*.up.sql")
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 3))
+	k, err := sqlfuncs.ReadKitCatalog(ctx, db.Pool, migrations.Table)
 	require.NoError(t, err)
-	slices.Sort(ups)
-	for _, name := range ups[:3] {
-		up, err := migrations.FS.ReadFile(name)
-		require.NoError(t, err)
-		_, err = db.Pool.Exec(ctx, string(up))
-		require.NoError(t, err, name)
-	}
-	v, err := sqlfuncs.Version(ctx, db.Pool)
+	v, dirty, ok, err := sqlfuncs.MigrationVersion(ctx, db.Pool, k.Schema, migrations.Table)
 	require.NoError(t, err)
-	require.Equal(t, 3, v)
+	require.True(t, ok && !dirty)
+	require.EqualValues(t, 3, v)
 	_, err = db.Pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, tok bigint)`)
 	require.NoError(t, err)
 	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "orders", "orders", "tok"))
@@ -253,25 +247,31 @@ func TestCatalogReadsWithoutTheKit(t *testing.T) {
 	require.False(t, k.Usage || k.CallVersion || k.IsKitOwner)
 	require.Empty(t, k.KitOwner)
 
-	_, _, _, err = sqlfuncs.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
-	require.Error(t, err)
-	_, err = sqlfuncs.HasLeases(ctx, pool)
-	require.Error(t, err)
-	_, err = sqlfuncs.ProtectedTableNames(ctx, pool)
-	require.Error(t, err)
-	_, err = sqlfuncs.ProtectedTables(ctx, pool)
-	require.Error(t, err)
-	_, err = sqlfuncs.ReadKitPrivileges(ctx, pool)
-	require.Error(t, err)
-
-	_, err = sqlfuncs.ReadServerInfo(ctx, pool)
-	require.NoError(t, err)
-	_, err = sqlfuncs.ReadDurabilitySettings(ctx, pool)
-	require.NoError(t, err)
-	_, err = sqlfuncs.ReadPromotionSetup(ctx, pool)
-	require.NoError(t, err)
-	_, err = sqlfuncs.ManagedServicePrefixes(ctx, pool)
-	require.NoError(t, err)
+	// Each read, and whether it needs the kit (or the version table).
+	for _, r := range []struct {
+		name     string
+		needsKit bool
+		read     func() error
+	}{
+		{"MigrationVersion", true, func() error {
+			_, _, _, err := sqlfuncs.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
+			return err
+		}},
+		{"HasLeases", true, func() error { _, err := sqlfuncs.HasLeases(ctx, pool); return err }},
+		{"ProtectedTableNames", true, func() error { _, err := sqlfuncs.ProtectedTableNames(ctx, pool); return err }},
+		{"ProtectedTables", true, func() error { _, err := sqlfuncs.ProtectedTables(ctx, pool); return err }},
+		{"ReadKitPrivileges", true, func() error { _, err := sqlfuncs.ReadKitPrivileges(ctx, pool); return err }},
+		{"ReadServerInfo", false, func() error { _, err := sqlfuncs.ReadServerInfo(ctx, pool); return err }},
+		{"ReadDurabilitySettings", false, func() error { _, err := sqlfuncs.ReadDurabilitySettings(ctx, pool); return err }},
+		{"ReadPromotionSetup", false, func() error { _, err := sqlfuncs.ReadPromotionSetup(ctx, pool); return err }},
+		{"ManagedServicePrefixes", false, func() error { _, err := sqlfuncs.ManagedServicePrefixes(ctx, pool); return err }},
+	} {
+		if err := r.read(); r.needsKit {
+			require.Error(t, err, r.name)
+		} else {
+			require.NoError(t, err, r.name)
+		}
+	}
 
 	require.Equal(t, before, objects(), "the reads created nothing")
 }
