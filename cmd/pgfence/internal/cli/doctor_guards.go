@@ -27,8 +27,12 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 	for _, t := range tables {
 		roles := strings.Join(t.TriggerRoles, ", ")
 		if t.GuardDisabled {
+			again := "fence.protect"
+			if t.Form == "rows" {
+				again = "fence.protect_rows"
+			}
 			add("protected tables", "fail", fmt.Sprintf("a guard trigger of %s is disabled: writes to it are not fenced", t.Table),
-				fmt.Sprintf("as the owner of %s: ALTER TABLE %s ENABLE TRIGGER USER (or SELECT fence.protect again)", t.Table, t.Table))
+				fmt.Sprintf("as the owner of %s: ALTER TABLE %s ENABLE TRIGGER USER (or SELECT %s again)", t.Table, t.Table, again))
 		}
 		if roles != "" {
 			add("protected tables", "warn", fmt.Sprintf("roles other than the owner can create triggers on %s: %s; such a trigger can rewrite rows after the guard checked them", t.Table, roles),
@@ -50,7 +54,7 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 	}
 	switch {
 	case len(tables) == 0:
-		add("protected tables", "ok", "none yet (fence.protect)", "")
+		add("protected tables", "ok", "none yet (fence.protect, fence.protect_rows)", "")
 	case clean > 0:
 		add("protected tables", "ok", fmt.Sprintf("%d of %d with the current guard, no trigger roles but the owner", clean, len(tables)), "")
 	}

@@ -29,7 +29,8 @@ func doctorList(t *testing.T, url, check string) []finding {
 
 // TestDoctorReportsWhatGetsAroundTheGuards: roles other than the owner with
 // TRIGGER on a protected table, a table still on migration 2's guard, and a
-// disabled guard trigger are each reported with the fix; a clean table is ok.
+// disabled guard trigger (of either form) are each reported with the fix; a
+// clean table is ok.
 func TestDoctorReportsWhatGetsAroundTheGuards(t *testing.T) {
 	t.Parallel()
 	db := pgtest.Setup(t)
@@ -50,6 +51,9 @@ func TestDoctorReportsWhatGetsAroundTheGuards(t *testing.T) {
 	exec(`SELECT fence.unprotect('legacy')`)
 	exec(`CREATE TRIGGER zz_fence_guard_row AFTER INSERT OR UPDATE OR DELETE ON legacy FOR EACH ROW EXECUTE FUNCTION fence._guard_row('r', 'tok')`)
 	exec(`ALTER TABLE off DISABLE TRIGGER "~fence_guard_1_row"`)
+	exec(`CREATE TABLE rowsoff (id int NOT NULL, tok bigint)`)
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "rowsoff", "id", "r:", "tok"))
+	exec(`ALTER TABLE rowsoff DISABLE TRIGGER "~fence_rows_2_upd"`)
 
 	fs := doctorList(t, db.URL, "protected tables")
 	var text []string
@@ -62,7 +66,10 @@ func TestDoctorReportsWhatGetsAroundTheGuards(t *testing.T) {
 	require.Contains(t, all, "warn legacy keeps the guard of migration 2")
 	require.Contains(t, all, "SELECT fence.protect('legacy', 'r', 'tok')")
 	require.Contains(t, all, "fail a guard trigger of off is disabled")
-	require.Contains(t, all, "ok 1 of 4 with the current guard")
+	require.Contains(t, all, "ALTER TABLE off ENABLE TRIGGER USER (or SELECT fence.protect again)")
+	require.Contains(t, all, "fail a guard trigger of rowsoff is disabled")
+	require.Contains(t, all, "ALTER TABLE rowsoff ENABLE TRIGGER USER (or SELECT fence.protect_rows again)")
+	require.Contains(t, all, "ok 1 of 5 with the current guard")
 }
 
 // TestDoctorWarnsOfTwoPromotionsWithoutAnArchive: a primary with a standby
