@@ -8,52 +8,17 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// LeaseInfo describes one resource as the view fence.leases shows it.
-type LeaseInfo struct {
-	// Resource is the resource name.
-	Resource string
-	// Holder is who holds (or last held) the lease; empty after a revoke.
-	Holder string
-	// Token is the latest token granted for the resource (the leader's term).
-	Token int64
-	// Kind is "ttl", "session" or "revoked".
-	Kind string
-	// AcquiredAt is when Token was granted, by the server's clock.
-	AcquiredAt time.Time
-	// ExpiresAt is when a TTL lease expires, by the server's clock; zero for
-	// session leases and revocations.
-	ExpiresAt time.Time
-	// EndedAt is when the lease was released or revoked; zero if it was not.
-	EndedAt time.Time
-	// Live reports whether the lease is live now by the server's clock.
-	Live bool
-	// ServerNow is the server's clock when this was read: ExpiresAt minus
-	// ServerNow is the time left by the server's clock.
-	ServerNow time.Time
-}
-
-func leaseInfo(r sqlfuncs.LeaseRow) LeaseInfo {
-	return LeaseInfo{
-		Resource: r.Resource, Holder: r.Holder, Token: r.Token, Kind: r.Kind,
-		AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt, EndedAt: r.EndedAt,
-		Live: r.Live, ServerNow: r.Now,
-	}
-}
+// LeaseInfo describes one resource as the view fence.leases shows it, with
+// the server's clock at the time of reading (sqlfuncs.LeaseState: one type
+// for a lease's state in both packages).
+type LeaseInfo = sqlfuncs.LeaseState
 
 // Leases lists every resource ever granted, ordered by name.
 func (c *Client) Leases(ctx context.Context) ([]LeaseInfo, error) {
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
 	}
-	rows, err := sqlfuncs.ListLeases(ctx, c.pool)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]LeaseInfo, len(rows))
-	for i, r := range rows {
-		out[i] = leaseInfo(r)
-	}
-	return out, nil
+	return sqlfuncs.ListLeases(ctx, c.pool)
 }
 
 // LeaseOf describes one resource; ok is false when it was never granted.
@@ -65,7 +30,7 @@ func (c *Client) LeaseOf(ctx context.Context, resource string) (info LeaseInfo, 
 	if err != nil || !ok {
 		return LeaseInfo{}, ok, err
 	}
-	return leaseInfo(r), true, nil
+	return r, true, nil
 }
 
 // RenewToken renews the lease of resource held with token, for callers that

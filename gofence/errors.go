@@ -42,22 +42,14 @@ var (
 	ErrClosed = errors.New("pgfence: client is closed")
 )
 
-// HeldError is returned by Acquire when a live lease holds the resource.
+// HeldError is returned by Acquire when a live lease holds the resource. It
+// carries the holder's lease as LeaseInfo (Resource is the resource asked
+// for; Holder, Token, Kind, ExpiresAt and ServerNow describe the live lease,
+// and are empty when the resource was busy with an open guarded transaction
+// of a previous holder rather than held): ExpiresAt.Sub(ServerNow) is the
+// time left by the server's clock.
 type HeldError struct {
-	// Resource is the resource asked for.
-	Resource string
-	// Holder is the current holder, as it named itself.
-	Holder string
-	// Token is the current holder's token.
-	Token int64
-	// Kind is "ttl" or "session".
-	Kind string
-	// ExpiresAt is when a TTL lease expires by the server's clock (zero for
-	// session leases, which last as long as their session).
-	ExpiresAt time.Time
-	// ServerNow is the server's clock when this was read, so that
-	// ExpiresAt.Sub(ServerNow) is the time left by the server's clock.
-	ServerNow time.Time
+	LeaseInfo
 }
 
 func (e *HeldError) Error() string {

@@ -166,9 +166,9 @@ func (c *Client) heldError(ctx context.Context, resource string) error {
 	if err != nil {
 		return fmt.Errorf("pgfence: %s is held, and reading its holder failed: %w", resource, err)
 	}
-	he := &HeldError{Resource: resource}
+	he := &HeldError{LeaseInfo: LeaseInfo{Resource: resource}}
 	if ok && row.Live {
-		he.Holder, he.Token, he.Kind, he.ExpiresAt, he.ServerNow = row.Holder, row.Token, row.Kind, row.ExpiresAt, row.Now
+		he.LeaseInfo = row
 	}
 	return he
 }

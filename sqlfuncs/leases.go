@@ -11,8 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// LeaseRow is one row of the view fence.leases.
-type LeaseRow struct {
+// LeaseState is what the kit knows of one resource's lease: a row of the
+// view fence.leases, read with the server's clock. It is the one type for a
+// lease's state in every package (gofence.LeaseInfo and gofence.HeldError
+// are this type).
+type LeaseState struct {
 	// Resource is the resource name.
 	Resource string
 	// Holder is who holds (or last held) the lease; empty after fence.revoke.
@@ -31,28 +34,28 @@ type LeaseRow struct {
 	Live bool
 	// SessionPID is the backend pid of a session lease; zero for other kinds.
 	SessionPID int32
-	// Now is the server's clock_timestamp() when the row was read, so callers
-	// can say "expires in" by the server's clock.
-	Now time.Time
+	// ServerNow is the server's clock_timestamp() when the row was read:
+	// ExpiresAt.Sub(ServerNow) is the time left by the server's clock.
+	ServerNow time.Time
 }
 
 const leaseColumns = `resource, coalesce(holder, ''), token, kind, acquired_at,
 	coalesce(expires_at, '-infinity'), coalesce(ended_at, '-infinity'), live, coalesce(session_pid, 0), clock_timestamp()`
 
-func scanLease(row pgx.Row) (LeaseRow, error) {
-	var l LeaseRow
+func scanLease(row pgx.Row) (LeaseState, error) {
+	var l LeaseState
 	var exp, ended timeOrInf
-	err := row.Scan(&l.Resource, &l.Holder, &l.Token, &l.Kind, &l.AcquiredAt, &exp, &ended, &l.Live, &l.SessionPID, &l.Now)
+	err := row.Scan(&l.Resource, &l.Holder, &l.Token, &l.Kind, &l.AcquiredAt, &exp, &ended, &l.Live, &l.SessionPID, &l.ServerNow)
 	l.ExpiresAt, l.EndedAt = exp.t, ended.t
 	return l, err
 }
 
 // GetLease reads the row of resource from fence.leases; ok is false when the
 // resource has never been granted.
-func GetLease(ctx context.Context, db DB, resource string) (l LeaseRow, ok bool, err error) {
+func GetLease(ctx context.Context, db DB, resource string) (l LeaseState, ok bool, err error) {
 	l, err = scanLease(db.QueryRow(ctx, `SELECT `+leaseColumns+` FROM fence.leases WHERE resource = $1`, resource))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return LeaseRow{}, false, nil
+		return LeaseState{}, false, nil
 	}
 	return l, err == nil, Translate(err)
 }
@@ -64,13 +67,13 @@ type Querier interface {
 }
 
 // ListLeases reads every row of fence.leases, ordered by resource.
-func ListLeases(ctx context.Context, db Querier) ([]LeaseRow, error) {
+func ListLeases(ctx context.Context, db Querier) ([]LeaseState, error) {
 	rows, err := db.Query(ctx, `SELECT `+leaseColumns+` FROM fence.leases ORDER BY resource`)
 	if err != nil {
 		return nil, Translate(err)
 	}
 	defer rows.Close()
-	var out []LeaseRow
+	var out []LeaseState
 	for rows.Next() {
 		l, err := scanLease(rows)
 		if err != nil {
