@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"encoding/xml"
@@ -16,20 +16,20 @@ import (
 
 // sampleChartReport is a report with every scenario that draws a chart,
 // its series named as the bench names them.
-func sampleChartReport() *benchReport {
-	r := &benchReport{
-		Machine:  benchMachine{CPUs: 2, PostgreSQL: "PostgreSQL 15.20 (Debian 15.20-0+deb12u1) on x86_64-pc-linux-gnu"},
-		Settings: benchSettings{Duration: "300ms", Rounds: 3, Waiters: 4},
+func sampleChartReport() *Report {
+	r := &Report{
+		Machine:  Machine{CPUs: 2, PostgreSQL: "PostgreSQL 15.20 (Debian 15.20-0+deb12u1) on x86_64-pc-linux-gnu"},
+		Settings: Settings{Duration: "300ms", Rounds: 3, Waiters: 4},
 	}
-	scaling := &scenarioResult{Name: "scaling"}
+	scaling := &ScenarioResult{Name: "scaling"}
 	for i, clients := range []int{1, 2, 4, 8, 16, 32} {
 		grant := 1300 + 500*float64(i)
 		update := 2900 + 1500*float64(i)
 		scaling.Comparisons = append(scaling.Comparisons,
-			&comparison{Name: "grant", Clients: clients, AOps: summary{Median: grant}, BOps: summary{Median: grant * 1.4}},
-			&comparison{Name: "guarded UPDATE", Clients: clients, AOps: summary{Median: update}, BOps: summary{Median: update * 1.3}})
+			&Comparison{key: cmpKey{what: cmpGrant, clients: clients}, Name: "grant", Clients: clients, AOps: Summary{Median: grant}, BOps: Summary{Median: grant * 1.4}},
+			&Comparison{key: cmpKey{what: cmpGuardedUpdate, clients: clients}, Name: "guarded UPDATE", Clients: clients, AOps: Summary{Median: update}, BOps: Summary{Median: update * 1.3}})
 	}
-	handoff := &scenarioResult{Name: "handoff"}
+	handoff := &ScenarioResult{Name: "handoff"}
 	for _, l := range []struct {
 		name   string
 		n      int
@@ -46,9 +46,9 @@ func sampleChartReport() *benchReport {
 			q := (float64(i) + 0.5) / float64(l.n)
 			samples[i] = l.median * math.Exp(0.5*math.Log(q/(1-q)))
 		}
-		handoff.Latencies = append(handoff.Latencies, latencyResult{Name: l.name, N: l.n, Samples: samples})
+		handoff.Latencies = append(handoff.Latencies, Latency{Name: l.name, N: l.n, Samples: samples})
 	}
-	r.Scenarios = []*scenarioResult{scaling, handoff}
+	r.Scenarios = []*ScenarioResult{scaling, handoff}
 	return r
 }
 

@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -22,6 +22,12 @@ import (
 // its own resource, in a database of its own so that its 10,000 leases and
 // the bloat of its 10,000-row UPDATEs touch no other scenario.
 const (
+	// grantBatch is how many leases one transaction grants while the bench
+	// prepares its fixtures (prefill, grantRows): each grant takes an
+	// advisory lock that its transaction keeps, so a batch must stay well
+	// inside the server's lock table (max_locks_per_transaction x
+	// max_connections), prefillWorkers batches at a time included.
+	grantBatch = 250
 	// rowsPrefix is the resource prefix of the per-row tables: row 42 is
 	// resource "bench-row:42".
 	rowsPrefix = "bench-row:"
@@ -31,11 +37,6 @@ const (
 	// rowsSingle is how many rows the single-row tables hold (clients
 	// update rows 1..clients).
 	rowsSingle = 256
-	// rowsGrantBatch is how many leases one transaction grants while the
-	// scenario prepares its 10,000: each grant takes an advisory lock that
-	// its transaction keeps, so a batch must stay well inside the server's
-	// lock table (max_locks_per_transaction x max_connections).
-	rowsGrantBatch = 250
 	// rowsTTL is the TTL of the per-row leases: far longer than the
 	// scenario, so none expires while it runs.
 	rowsTTL = time.Hour
@@ -91,14 +92,14 @@ func rowsSetup(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // grantRows grants the leases of resources rowsPrefix1..rowsPrefixN through
-// fence.acquire, rowsGrantBatch to a transaction (a batch keeps the advisory
+// fence.acquire, grantBatch to a transaction (a batch keeps the advisory
 // lock of each of its grants until it commits), and returns the tokens:
 // tokens[i] is the token of row i+1.
 func grantRows(ctx context.Context, pool *pgxpool.Pool, n int) ([]int64, error) {
 	tokens := make([]int64, 0, n)
-	for first := 1; first <= n; first += rowsGrantBatch {
+	for first := 1; first <= n; first += grantBatch {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			for id := first; id < first+rowsGrantBatch && id <= n; id++ {
+			for id := first; id < first+grantBatch && id <= n; id++ {
 				tok, ok, err := sqlfuncs.Acquire(ctx, tx, rowsPrefix+strconv.Itoa(id), "pgfence-bench-rows", rowsTTL)
 				if err != nil {
 					return err
@@ -144,7 +145,7 @@ func rowsMultiUpdate(name, table string, pool *pgxpool.Pool, ids []int32, tokens
 	}}
 }
 
-func (b *bench) rowsScenario(ctx context.Context, s *scenarioResult) error {
+func (b *bench) rowsScenario(ctx context.Context, s *ScenarioResult) error {
 	c := b.midClients()
 	pool, _, err := b.createDB(ctx, "_rows", int32(c+4), nil)
 	if err != nil {
@@ -176,7 +177,7 @@ func (b *bench) rowsScenario(ctx context.Context, s *scenarioResult) error {
 		return err
 	}
 	s.fact(fmt.Sprintf("time to grant the %d per-row leases", rowsMulti), time.Since(start).Seconds(),
-		fmt.Sprintf("s (%d grants per transaction)", rowsGrantBatch))
+		fmt.Sprintf("s (%d grants per transaction)", grantBatch))
 	ids := make([]int32, rowsMulti)
 	for i := range ids {
 		ids[i] = int32(i + 1)
@@ -190,31 +191,36 @@ func (b *bench) rowsScenario(ctx context.Context, s *scenarioResult) error {
 		label := ", synchronous_commit=" + m.label
 		upd, plainUpd, _, _ := guardedWrites(c, m.pool, l, label)
 		pairs = append(pairs,
-			pair{name: "table-wide guarded UPDATE vs plain UPDATE" + label, a: upd, b: plainUpd},
-			pair{name: "per-row guarded UPDATE vs plain UPDATE" + label,
-				a: rowsSingleUpdate("UPDATE protected per row (own row's lease, token column)"+label, "bench_rows_guarded", c, m.pool, tokens),
-				b: rowsSingleUpdate("UPDATE unprotected"+label, "bench_rows_unguarded", c, m.pool, tokens)})
+			pair{key: cmpKey{what: cmpGuardedUpdate, clients: c, commit: m.label},
+				name: "table-wide guarded UPDATE vs plain UPDATE" + label, a: upd, b: plainUpd},
+			pair{key: cmpKey{what: cmpRowUpdate, clients: c, commit: m.label},
+				name: "per-row guarded UPDATE vs plain UPDATE" + label,
+				a:    rowsSingleUpdate("UPDATE protected per row (own row's lease, token column)"+label, "bench_rows_guarded", c, m.pool, tokens),
+				b:    rowsSingleUpdate("UPDATE unprotected"+label, "bench_rows_unguarded", c, m.pool, tokens)})
 	}
+	multi := cmpKey{what: cmpRowsMulti, clients: 1}
 	pairs = append(pairs, pair{
+		key:   multi,
 		name:  fmt.Sprintf("%d-row UPDATE per-row guarded vs plain", rowsMulti),
 		a:     rowsMultiUpdate(fmt.Sprintf("UPDATE of %d rows protected per row (a token per row)", rowsMulti), "bench_rows_multi_guarded", pool, ids, tokens),
 		b:     rowsMultiUpdate(fmt.Sprintf("UPDATE of %d rows unprotected", rowsMulti), "bench_rows_multi_unguarded", pool, ids, tokens),
-		slice: rowsMultiSlices * b.o.duration,
+		slice: rowsMultiSlices * b.o.Duration,
 	})
 	cmps, err := b.interleave(ctx, pairs)
 	s.Comparisons = cmps
 	if err != nil {
 		return err
 	}
-	for i, m := range []string{"on", "off"} {
-		wide, rows := cmps[2*i], cmps[2*i+1]
+	for _, m := range []string{"on", "off"} {
+		wide := s.comparison(cmpKey{what: cmpGuardedUpdate, clients: c, commit: m})
+		rows := s.comparison(cmpKey{what: cmpRowUpdate, clients: c, commit: m})
 		s.relative(fmt.Sprintf("per-row guarded UPDATE/plain, synchronous_commit=%s (table-wide ratio of this run - 0.05)", m),
 			rows.Ratio.Median, wide.Ratio.Median, -0.05)
 	}
-	s.atLeast(fmt.Sprintf("%d-row UPDATE per-row guarded/plain", rowsMulti), cmps[4].Ratio.Median, 0.5)
+	s.atLeast(fmt.Sprintf("%d-row UPDATE per-row guarded/plain", rowsMulti), s.comparison(multi).Ratio.Median, 0.5)
 	s.Notes = append(s.Notes,
 		fmt.Sprintf("single-row: %d clients, each updating its own row; per row under that row's own lease (resource %s<id>), table-wide under one lease on %q", c, rowsPrefix, guardResource),
-		fmt.Sprintf("multi-row: one client, UPDATE ... FROM unnest(ids, tokens) of rows 1..%d, each of its own leased resource; slices of %s (%d x --duration); synchronous_commit as the server", rowsMulti, rowsMultiSlices*b.o.duration, rowsMultiSlices))
+		fmt.Sprintf("multi-row: one client, UPDATE ... FROM unnest(ids, tokens) of rows 1..%d, each of its own leased resource; slices of %s (%d x --duration); synchronous_commit as the server", rowsMulti, rowsMultiSlices*b.o.Duration, rowsMultiSlices))
 	return b.rowsExplain(ctx, pool, ids, tokens, s)
 }
 
@@ -259,12 +265,12 @@ var errRollback = errors.New("rolled back on purpose")
 // median over --rounds runs of EXPLAIN ANALYZE (in transactions rolled
 // back) of the guarded and the plain statement, and of each guard trigger.
 // Execution time covers the statement and its triggers, not the commit.
-func (b *bench) rowsExplain(ctx context.Context, pool *pgxpool.Pool, ids []int32, tokens []int64, s *scenarioResult) error {
+func (b *bench) rowsExplain(ctx context.Context, pool *pgxpool.Pool, ids []int32, tokens []int64, s *ScenarioResult) error {
 	var guarded, plain []float64
 	triggers := map[string][]float64{}
 	calls := map[string]int64{}
 	var order []string
-	for range b.o.rounds {
+	for range b.o.Rounds {
 		p, err := explainRows(ctx, pool, "bench_rows_multi_unguarded", ids, tokens)
 		if err != nil {
 			return fmt.Errorf("EXPLAIN ANALYZE of the plain %d-row UPDATE: %w", rowsMulti, err)
@@ -292,6 +298,6 @@ func (b *bench) rowsExplain(ctx context.Context, pool *pgxpool.Pool, ids []int32
 	for _, name := range order {
 		s.fact("  of which trigger "+name, med(triggers[name]), fmt.Sprintf("ms (%d calls)", calls[name]))
 	}
-	s.Notes = append(s.Notes, fmt.Sprintf("EXPLAIN ANALYZE: median of %d runs each, in transactions rolled back; execution time includes the triggers, not the commit", b.o.rounds))
+	s.Notes = append(s.Notes, fmt.Sprintf("EXPLAIN ANALYZE: median of %d runs each, in transactions rolled back; execution time includes the triggers, not the commit", b.o.Rounds))
 	return nil
 }

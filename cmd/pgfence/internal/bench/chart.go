@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"fmt"
@@ -30,7 +30,7 @@ var chartColors = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"
 
 // writeCharts writes the client-scaling and the handoff chart into dir, for
 // the scenarios that ran, and returns the files written.
-func writeCharts(dir string, r *benchReport) ([]string, error) {
+func writeCharts(dir string, r *Report) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -62,19 +62,20 @@ func writeCharts(dir string, r *benchReport) ([]string, error) {
 	return files, nil
 }
 
-func scalingChart(s *scenarioResult, r *benchReport) string {
+func scalingChart(s *ScenarioResult, r *Report) string {
 	var grant, hand, guarded, plain chartSeries
 	grant.name, hand.name = "grant: gofence Acquire+Release", "grant: hand-written upsert+update"
 	guarded.name, plain.name = "UPDATE protected (token column)", "UPDATE unprotected"
 	hand.dashed, plain.dashed = true, true
 	var ticks []float64
-	for i, c := range s.Comparisons {
+	for _, c := range s.Comparisons {
 		x := float64(c.Clients)
-		if i%2 == 0 {
+		switch c.key.what {
+		case cmpGrant:
 			ticks = append(ticks, x)
 			grant.xs, grant.ys = append(grant.xs, x), append(grant.ys, c.AOps.Median)
 			hand.xs, hand.ys = append(hand.xs, x), append(hand.ys, c.BOps.Median)
-		} else {
+		case cmpGuardedUpdate:
 			guarded.xs, guarded.ys = append(guarded.xs, x), append(guarded.ys, c.AOps.Median)
 			plain.xs, plain.ys = append(plain.xs, x), append(plain.ys, c.BOps.Median)
 		}
@@ -90,7 +91,7 @@ func scalingChart(s *scenarioResult, r *benchReport) string {
 		[]chartSeries{grant, hand, guarded, plain})
 }
 
-func handoffChart(s *scenarioResult, r *benchReport) string {
+func handoffChart(s *ScenarioResult, r *Report) string {
 	var series []chartSeries
 	for _, l := range s.Latencies {
 		if l.N == 0 {

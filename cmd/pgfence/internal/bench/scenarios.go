@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -27,19 +27,19 @@ const scaleSmall = 1000
 const guardResource = "bench-guarded"
 
 func (b *bench) clientList(def []int) []int {
-	if len(b.o.clients) > 0 {
-		return b.o.clients
+	if len(b.o.Clients) > 0 {
+		return b.o.Clients
 	}
 	return def
 }
 
 // midClients is the client count of the scenarios that run at one count.
 func (b *bench) midClients() int {
-	if len(b.o.clients) == 0 {
+	if len(b.o.Clients) == 0 {
 		return 4
 	}
 	m := 0
-	for _, c := range b.o.clients {
+	for _, c := range b.o.Clients {
 		m = max(m, c)
 	}
 	return min(m, 4)
@@ -116,14 +116,14 @@ func advisoryPair(clients int, pool *pgxpool.Pool, n int) workload {
 // 1. grant
 // ---------------------------------------------------------------------------
 
-func (b *bench) grantScenario(ctx context.Context, env *benchEnv, s *scenarioResult) error {
+func (b *bench) grantScenario(ctx context.Context, env *benchEnv, s *ScenarioResult) error {
 	var pairs []pair
 	for _, c := range b.clientList([]int{1, 4, 16}) {
 		hand := handGrant(c, env.pool, "grant-", grantResources)
 		pairs = append(pairs,
-			pair{name: fmt.Sprintf("grant: gofence vs hand-written, %d clients", c),
+			pair{key: cmpKey{what: cmpGrant, clients: c}, name: fmt.Sprintf("grant: gofence vs hand-written, %d clients", c),
 				a: gofenceGrant("gofence Acquire+Release", c, env.client, "grant-", grantResources), b: hand},
-			pair{name: fmt.Sprintf("reference: advisory lock vs hand-written, %d clients", c),
+			pair{key: cmpKey{what: cmpAdvisory, clients: c}, name: fmt.Sprintf("reference: advisory lock vs hand-written, %d clients", c),
 				a: advisoryPair(c, env.pool, grantResources), b: hand})
 	}
 	cmps, err := b.interleave(ctx, pairs)
@@ -131,8 +131,8 @@ func (b *bench) grantScenario(ctx context.Context, env *benchEnv, s *scenarioRes
 	if err != nil {
 		return err
 	}
-	for i, c := range cmps {
-		if i%2 == 0 {
+	for _, c := range cmps {
+		if c.key.what == cmpGrant {
 			s.atLeast(fmt.Sprintf("grant path gofence/hand-written at %d clients", c.Clients), c.Ratio.Median, 0.85)
 		}
 	}
@@ -143,7 +143,7 @@ func (b *bench) grantScenario(ctx context.Context, env *benchEnv, s *scenarioRes
 // roundTrips counts, on one client at a time, the network round trips and
 // the statements of each lease operation, after a warm-up that prepares the
 // statements on the connection.
-func (b *bench) roundTrips(ctx context.Context, env *benchEnv, s *scenarioResult) error {
+func (b *bench) roundTrips(ctx context.Context, env *benchEnv, s *ScenarioResult) error {
 	const warm, n = 5, 50
 	names := []string{"acquire", "renew", "release"}
 	var trips, stmts [3]int64
@@ -223,7 +223,7 @@ func guardedWrites(clients int, pool *pgxpool.Pool, l *gofence.Lease, label stri
 	return upd, plainUpd, tx, plainTx
 }
 
-func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *scenarioResult) error {
+func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *ScenarioResult) error {
 	c := b.midClients()
 	off, _, err := b.openPool(ctx, b.prefix, int32(c+4), map[string]string{"synchronous_commit": "off"})
 	if err != nil {
@@ -243,18 +243,23 @@ func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *scenarioR
 	}{{"on", env.pool}, {"off", off}} {
 		upd, plainUpd, tx, plainTx := guardedWrites(c, m.pool, l, ", synchronous_commit="+m.label)
 		pairs = append(pairs,
-			pair{name: "guarded UPDATE vs plain UPDATE, synchronous_commit=" + m.label, a: upd, b: plainUpd},
-			pair{name: "use_token tx vs plain tx, synchronous_commit=" + m.label, a: tx, b: plainTx})
+			pair{key: cmpKey{what: cmpGuardedUpdate, clients: c, commit: m.label},
+				name: "guarded UPDATE vs plain UPDATE, synchronous_commit=" + m.label, a: upd, b: plainUpd},
+			pair{key: cmpKey{what: cmpUseTokenTx, clients: c, commit: m.label},
+				name: "use_token tx vs plain tx, synchronous_commit=" + m.label, a: tx, b: plainTx})
 	}
 	cmps, err := b.interleave(ctx, pairs)
 	s.Comparisons = cmps
 	if err != nil {
 		return err
 	}
-	s.atLeast("guarded UPDATE (token column)/plain, synchronous_commit=on", cmps[0].Ratio.Median, 0.95)
-	s.atLeast("use_token tx/plain tx, synchronous_commit=on", cmps[1].Ratio.Median, 0.95)
-	s.atLeast("guarded UPDATE (token column)/plain, synchronous_commit=off", cmps[2].Ratio.Median, 0.85)
-	s.atLeast("use_token tx/plain tx, synchronous_commit=off", cmps[3].Ratio.Median, 0.8)
+	ratio := func(what, commit string) float64 {
+		return s.comparison(cmpKey{what: what, clients: c, commit: commit}).Ratio.Median
+	}
+	s.atLeast("guarded UPDATE (token column)/plain, synchronous_commit=on", ratio(cmpGuardedUpdate, "on"), 0.95)
+	s.atLeast("use_token tx/plain tx, synchronous_commit=on", ratio(cmpUseTokenTx, "on"), 0.95)
+	s.atLeast("guarded UPDATE (token column)/plain, synchronous_commit=off", ratio(cmpGuardedUpdate, "off"), 0.85)
+	s.atLeast("use_token tx/plain tx, synchronous_commit=off", ratio(cmpUseTokenTx, "off"), 0.8)
 	s.Notes = append(s.Notes, fmt.Sprintf("%d clients, each updating its own row; one lease on %q held throughout", c, guardResource))
 	return nil
 }
@@ -370,21 +375,21 @@ func commitSlice(ctx context.Context, pool *pgxpool.Pool, d time.Duration) ([]ti
 	return out, nil
 }
 
-func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioResult) error {
+func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *ScenarioResult) error {
 	var notify, poll []*gofence.Client
 	defer func() {
 		for _, c := range append(notify, poll...) {
 			c.Close()
 		}
 	}()
-	for i := range b.o.waiters {
+	for i := range b.o.Waiters {
 		cn, err := gofence.New(env.pool, &gofence.Config{Holder: fmt.Sprintf("bench-notify-%d", i), TTL: benchTTL, Logger: b.log})
 		if err != nil {
 			return err
 		}
 		notify = append(notify, cn)
 		cp, err := gofence.New(env.pool, &gofence.Config{Holder: fmt.Sprintf("bench-poll-%d", i), TTL: benchTTL,
-			PollInterval: b.o.pollInterval, DisableNotify: true, Logger: b.log})
+			PollInterval: b.o.PollInterval, DisableNotify: true, Logger: b.log})
 		if err != nil {
 			return err
 		}
@@ -410,7 +415,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioR
 			return err
 		}
 		// Polling needs a few intervals per slice to give a sample at all.
-		ps, err := handoffSlice(ctx, poll, "handoff-poll-"+strconv.Itoa(n), max(d, 4*b.o.pollInterval))
+		ps, err := handoffSlice(ctx, poll, "handoff-poll-"+strconv.Itoa(n), max(d, 4*b.o.PollInterval))
 		if err != nil {
 			return fmt.Errorf("handoff with polling: %w", err)
 		}
@@ -420,29 +425,29 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *scenarioR
 		}
 		return nil
 	}
-	if err := slice(max(b.o.duration/4, 20*time.Millisecond), false); err != nil {
+	if err := slice(max(b.o.Duration/4, 20*time.Millisecond), false); err != nil {
 		return err
 	}
-	for range b.o.rounds {
-		if err := slice(b.o.duration, true); err != nil {
+	for range b.o.Rounds {
+		if err := slice(b.o.Duration, true); err != nil {
 			return err
 		}
 	}
 	ln := latencies("handoff with NOTIFY", nSamples)
-	lp := latencies(fmt.Sprintf("handoff polling only (PollInterval %s)", b.o.pollInterval), pSamples)
+	lp := latencies(fmt.Sprintf("handoff polling only (PollInterval %s)", b.o.PollInterval), pSamples)
 	lr := latencies("round trip (SELECT 1)", rtSamples)
 	lc := latencies("one synchronous commit (1-row UPDATE)", cSamples)
-	s.Latencies = []latencyResult{ln, lp, lr, lc}
+	s.Latencies = []Latency{ln, lp, lr, lc}
 	if ln.N == 0 || lp.N == 0 || lr.N == 0 || lc.N == 0 {
 		return errors.New("a handoff slice gave no samples; raise --duration")
 	}
 	s.fact("NOTIFY handoff p50 in round trips", ln.P50Ms/lr.P50Ms, "round trips")
 	s.fact("NOTIFY handoff p99 in round trips", ln.P99Ms/lr.P50Ms, "round trips")
-	s.fact("polling handoff p99 / PollInterval", lp.P99Ms/msOf(b.o.pollInterval), "")
+	s.fact("polling handoff p99 / PollInterval", lp.P99Ms/msOf(b.o.PollInterval), "")
 	s.fact("NOTIFY handoff p50 in synchronous commits", ln.P50Ms/lc.P50Ms, "commits (a handoff holds a release and a grant)")
 	s.atMost("handoff p50 with NOTIFY, in round trips (SELECT 1 p50)", ln.P50Ms/lr.P50Ms, 5)
-	s.atMost("handoff p99 polling only, in PollInterval (jitter allows 1.25)", lp.P99Ms/msOf(b.o.pollInterval), 1.25)
-	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's Lock", b.o.waiters))
+	s.atMost("handoff p99 polling only, in PollInterval (jitter allows 1.25)", lp.P99Ms/msOf(b.o.PollInterval), 1.25)
+	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's Lock", b.o.Waiters))
 	return nil
 }
 
@@ -540,7 +545,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
+func (b *bench) scaleScenario(ctx context.Context, s *ScenarioResult) error {
 	c := b.midClients()
 	small, _, err := b.createDB(ctx, "_s1k", int32(c+4), nil)
 	if err != nil {
@@ -556,7 +561,7 @@ func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
 	if err := prefill(ctx, small, "s-", scaleSmall, false); err != nil {
 		return err
 	}
-	if err := prefill(ctx, big, "s-", b.o.bigResources, false); err != nil {
+	if err := prefill(ctx, big, "s-", b.o.BigResources, false); err != nil {
 		return err
 	}
 	s.fact("time to fill the lease tables", time.Since(start).Seconds(), "s")
@@ -571,24 +576,26 @@ func (b *bench) scaleScenario(ctx context.Context, s *scenarioResult) error {
 	}
 	defer cb.Close()
 	cmps, err := b.interleave(ctx, []pair{{
-		name: fmt.Sprintf("grant at %d vs %d resources, %d clients", b.o.bigResources, scaleSmall, c),
-		a:    gofenceGrant(fmt.Sprintf("gofence grant, %d resources", b.o.bigResources), c, cb, "s-", b.o.bigResources),
+		key:  cmpKey{what: cmpScale, clients: c},
+		name: fmt.Sprintf("grant at %d vs %d resources, %d clients", b.o.BigResources, scaleSmall, c),
+		a:    gofenceGrant(fmt.Sprintf("gofence grant, %d resources", b.o.BigResources), c, cb, "s-", b.o.BigResources),
 		b:    gofenceGrant(fmt.Sprintf("gofence grant, %d resources", scaleSmall), c, cs, "s-", scaleSmall),
 	}})
 	s.Comparisons = cmps
 	if err != nil {
 		return err
 	}
-	s.atLeast(fmt.Sprintf("grant throughput at %d / at %d resources", b.o.bigResources, scaleSmall), cmps[0].Ratio.Median, 0.8)
-	if b.o.bigResources < 1_000_000 {
-		s.Notes = append(s.Notes, fmt.Sprintf("the big side has %d resources, not the 1,000,000 of the documented target: run with --big-resources 1000000 for that", b.o.bigResources))
+	s.atLeast(fmt.Sprintf("grant throughput at %d / at %d resources", b.o.BigResources, scaleSmall),
+		s.comparison(cmpKey{what: cmpScale, clients: c}).Ratio.Median, 0.8)
+	if b.o.BigResources < 1_000_000 {
+		s.Notes = append(s.Notes, fmt.Sprintf("the big side has %d resources, not the 1,000,000 of the documented target: run with --big-resources 1000000 for that", b.o.BigResources))
 	}
 	return b.renewLoop(ctx, small, cs, c, s)
 }
 
 // renewLoop renews leases as fast as c clients can for a while and reports
 // what that did to fence.lease: the share of HOT updates, dead tuples, size.
-func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofence.Client, c int, s *scenarioResult) error {
+func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofence.Client, c int, s *ScenarioResult) error {
 	const perClient = 16
 	leases := make([]*gofence.Lease, 0, c*perClient)
 	defer func() {
@@ -610,7 +617,7 @@ func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofen
 	if note != "" {
 		s.Notes = append(s.Notes, note)
 	}
-	loop := time.Duration(5*b.o.rounds) * b.o.duration
+	loop := time.Duration(5*b.o.Rounds) * b.o.Duration
 	r, err := workload{name: "renew", clients: c, worker: func(_ context.Context, id int) (func(context.Context) error, func(), error) {
 		i := 0
 		return func(ctx context.Context) error {
@@ -651,7 +658,7 @@ func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofen
 // 5. scaling
 // ---------------------------------------------------------------------------
 
-func (b *bench) scalingScenario(ctx context.Context, env *benchEnv, s *scenarioResult) error {
+func (b *bench) scalingScenario(ctx context.Context, env *benchEnv, s *ScenarioResult) error {
 	l, err := env.client.Acquire(ctx, guardResource)
 	if err != nil {
 		return err
@@ -661,20 +668,21 @@ func (b *bench) scalingScenario(ctx context.Context, env *benchEnv, s *scenarioR
 	for _, c := range b.clientList([]int{1, 2, 4, 8, 16, 32}) {
 		upd, plainUpd, _, _ := guardedWrites(c, env.pool, l, "")
 		pairs = append(pairs,
-			pair{name: fmt.Sprintf("grant, %d clients", c),
+			pair{key: cmpKey{what: cmpGrant, clients: c}, name: fmt.Sprintf("grant, %d clients", c),
 				a: gofenceGrant("gofence Acquire+Release", c, env.client, "grant-", grantResources),
 				b: handGrant(c, env.pool, "grant-", grantResources)},
-			pair{name: fmt.Sprintf("guarded UPDATE, %d clients", c), a: upd, b: plainUpd})
+			pair{key: cmpKey{what: cmpGuardedUpdate, clients: c}, name: fmt.Sprintf("guarded UPDATE, %d clients", c), a: upd, b: plainUpd})
 	}
 	cmps, err := b.interleave(ctx, pairs)
 	s.Comparisons = cmps
 	if err != nil {
 		return err
 	}
-	for i, c := range cmps {
-		if i%2 == 0 {
+	for _, c := range cmps {
+		switch c.key.what {
+		case cmpGrant:
 			s.atLeast(fmt.Sprintf("scaling: grant gofence/hand-written at %d clients", c.Clients), c.Ratio.Median, 0.85)
-		} else {
+		case cmpGuardedUpdate:
 			s.atLeast(fmt.Sprintf("scaling: guarded/plain UPDATE at %d clients (synchronous_commit as the server)", c.Clients), c.Ratio.Median, 0.95)
 		}
 	}

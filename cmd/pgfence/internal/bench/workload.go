@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -106,6 +106,7 @@ func (w workload) run(ctx context.Context, d time.Duration) (sliceResult, error)
 
 // pair is a comparison of workload a (ours) against b (the baseline).
 type pair struct {
+	key  cmpKey
 	name string
 	a, b workload
 	// slice is the length of this pair's slices; 0 for --duration. A pair
@@ -115,18 +116,50 @@ type pair struct {
 }
 
 // sliceLen is the length of p's slices under options o.
-func (p pair) sliceLen(o benchOptions) time.Duration {
+func (p pair) sliceLen(o Options) time.Duration {
 	if p.slice > 0 {
 		return p.slice
 	}
-	return o.duration
+	return o.Duration
+}
+
+// cmpKey names a comparison for the code that reads it (targets, charts):
+// what it compares, at how many clients, and under which synchronous_commit
+// ("" where the server's setting holds).
+type cmpKey struct {
+	what    string
+	clients int
+	commit  string
+}
+
+// What a comparison compares (cmpKey.what).
+const (
+	cmpGrant         = "grant"          // gofence Acquire+Release vs the hand-written upsert+update
+	cmpAdvisory      = "advisory"       // pg_try_advisory_lock+unlock vs the hand-written upsert+update
+	cmpGuardedUpdate = "guarded-update" // UPDATE of the table-wide protected table (token column) vs unprotected
+	cmpUseTokenTx    = "use-token-tx"   // Lease.Tx (use_token) + UPDATE vs a plain transaction
+	cmpRowUpdate     = "row-update"     // single-row UPDATE protected per row vs unprotected
+	cmpRowsMulti     = "rows-multi"     // one UPDATE of rowsMulti rows protected per row vs unprotected
+	cmpScale         = "scale"          // grant at BigResources vs at scaleSmall resources
+)
+
+// comparison is s's comparison named key. A scenario looks up only the keys
+// of the pairs it ran, and interleave returns every pair when it succeeds:
+// a missing key is a bug of the bench, and panics.
+func (s *ScenarioResult) comparison(key cmpKey) *Comparison {
+	for _, c := range s.Comparisons {
+		if c.key == key {
+			return c
+		}
+	}
+	panic(fmt.Sprintf("bench: scenario %s has no comparison %+v", s.Name, key))
 }
 
 // interleave runs every pair's A and B slices alternately (A B A B ...), one
 // short unrecorded warm-up round first (connections, prepared statements,
 // caches), then rounds recorded ones, and summarises throughput and ratio
 // A/B per pair.
-func (b *bench) interleave(ctx context.Context, pairs []pair) ([]*comparison, error) {
+func (b *bench) interleave(ctx context.Context, pairs []pair) ([]*Comparison, error) {
 	for _, p := range pairs {
 		warm := max(p.sliceLen(b.o)/4, 20*time.Millisecond)
 		for _, w := range []workload{p.a, p.b} {
@@ -135,13 +168,13 @@ func (b *bench) interleave(ctx context.Context, pairs []pair) ([]*comparison, er
 			}
 		}
 	}
-	out := make([]*comparison, len(pairs))
+	out := make([]*Comparison, len(pairs))
 	aOps := make([][]float64, len(pairs))
 	bOps := make([][]float64, len(pairs))
 	for i, p := range pairs {
-		out[i] = &comparison{Name: p.name, A: p.a.name, B: p.b.name, Clients: p.a.clients}
+		out[i] = &Comparison{key: p.key, Name: p.name, A: p.a.name, B: p.b.name, Clients: p.a.clients}
 	}
-	for range b.o.rounds {
+	for range b.o.Rounds {
 		for i, p := range pairs {
 			c := out[i]
 			for side, w := range []workload{p.a, p.b} {
@@ -174,13 +207,13 @@ func (b *bench) interleave(ctx context.Context, pairs []pair) ([]*comparison, er
 	return out, nil
 }
 
-func summarize(v []float64) summary {
+func summarize(v []float64) Summary {
 	if len(v) == 0 {
-		return summary{}
+		return Summary{}
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
-	return summary{Median: median(s), Min: s[0], Max: s[len(s)-1], Rounds: roundAll(v)}
+	return Summary{Median: median(s), Min: s[0], Max: s[len(s)-1], Rounds: roundAll(v)}
 }
 
 // median of sorted values.
@@ -212,13 +245,13 @@ func roundAll(v []float64) []float64 {
 	return out
 }
 
-func latencies(name string, samples []time.Duration) latencyResult {
+func latencies(name string, samples []time.Duration) Latency {
 	ms := make([]float64, len(samples))
 	for i, d := range samples {
 		ms[i] = float64(d.Microseconds()) / 1000
 	}
 	slices.Sort(ms)
-	l := latencyResult{Name: name, N: len(ms), Samples: ms}
+	l := Latency{Name: name, N: len(ms), Samples: ms}
 	if len(ms) > 0 {
 		l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs = quantile(ms, 0.5), quantile(ms, 0.9), quantile(ms, 0.99), ms[len(ms)-1]
 	}
