@@ -45,14 +45,14 @@ type Config struct {
 	// that failed with a transient error. Default min(1s, RenewInterval/4).
 	RetryInterval time.Duration
 
-	// PollInterval is how often Lock asks again while it waits, whatever the
+	// PollInterval is how often AcquireWait asks again while it waits, whatever the
 	// notifications say (they can be lost, and poolers such as PgBouncer in
 	// transaction mode block LISTEN). Each wait is jittered by ±25%, and
 	// shortened to the held lease's expiry when that comes sooner.
 	// Default 1s.
 	PollInterval time.Duration
 
-	// DisableNotify turns off LISTEN/NOTIFY: Lock then relies on polling only.
+	// DisableNotify turns off LISTEN/NOTIFY: AcquireWait then relies on polling only.
 	DisableNotify bool
 
 	// ReleaseOnClose makes Close release every lease the client still holds,
@@ -148,7 +148,7 @@ func timings(given Config, holder string, ttl time.Duration, field string) (leas
 }
 
 // LeaseOption sets something of one lease, instead of the Client's Config:
-// pass it to Acquire, Lock, AcquireSession or LockSession, so that one
+// pass it to Acquire, AcquireWait, AcquireSession or AcquireSessionWait, so that one
 // Client (one pool, one LISTEN connection) serves differently named workers
 // and different TTLs.
 type LeaseOption func(*leaseOptions)
@@ -233,7 +233,7 @@ const closeReleaseTimeout = 5 * time.Second
 // that cannot reach the server leaves its lease to expire at its TTL).
 // Without it, leases already granted are the caller's: they keep renewing
 // until released or lost (release them first, or use Do or Elect, which
-// release). After Close, Acquire, Lock and AcquireSession return ErrClosed.
+// release). After Close, Acquire, AcquireWait and AcquireSession return ErrClosed.
 // Close is idempotent.
 func (c *Client) Close() {
 	c.mu.Lock()

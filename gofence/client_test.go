@@ -22,7 +22,7 @@ func TestPerCallHolderAndTTL(t *testing.T) {
 	one, err := c.Acquire(b.ctx, "a", gofence.WithHolder("worker-1"), gofence.WithTTL(5*time.Second))
 	require.NoError(t, err)
 	defer one.Release(b.ctx)
-	two, err := c.Lock(b.ctx, "b", gofence.WithHolder("worker-2"))
+	two, err := c.AcquireWait(b.ctx, "b", gofence.WithHolder("worker-2"))
 	require.NoError(t, err)
 	defer two.Release(b.ctx)
 	plain, err := c.Acquire(b.ctx, "c")
@@ -66,7 +66,7 @@ func TestPerCallHolderAndTTL(t *testing.T) {
 	require.Error(t, err, "RenewInterval 20s does not fit a 10s TTL")
 }
 
-// LockSession waits for a session lease as Lock waits for a TTL lease.
+// AcquireSessionWait waits for a session lease as AcquireWait waits for a TTL lease.
 func TestLockSessionWaitsForTheHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -76,13 +76,13 @@ func TestLockSessionWaitsForTheHolder(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(b.ctx)
 	cancel()
-	_, err = c.LockSession(ctx, "job")
+	_, err = c.AcquireSessionWait(ctx, "job")
 	require.ErrorIs(t, err, context.Canceled, "a waiter gives up with its context")
 
 	got := make(chan *gofence.Lease, 1)
 	errs := make(chan error, 1)
 	go func() {
-		l, err := c.LockSession(b.ctx, "job", gofence.WithHolder("second"))
+		l, err := c.AcquireSessionWait(b.ctx, "job", gofence.WithHolder("second"))
 		if err != nil {
 			errs <- err
 			return
@@ -130,10 +130,10 @@ func TestInstallCheckHonoursEachCallersCtx(t *testing.T) {
 	require.Less(t, time.Since(start), time.Second, "Acquire did not honour its ctx (200ms)")
 }
 
-// Close and Lock may run at the same time: no data race (run with -race),
-// and the notifier that Lock creates is stopped. (Close used to read
-// c.notify without synchronisation while Lock created it; when Close won,
-// the notifier Lock created afterwards was never stopped.)
+// Close and AcquireWait may run at the same time: no data race (run with -race),
+// and the notifier that AcquireWait creates is stopped. (Close used to read
+// c.notify without synchronisation while AcquireWait created it; when Close won,
+// the notifier AcquireWait created afterwards was never stopped.)
 func TestCloseDoesNotRaceWithLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -146,7 +146,7 @@ func TestCloseDoesNotRaceWithLock(t *testing.T) {
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
 		done := make(chan struct{})
-		go func() { defer close(done); _, _ = c.Lock(ctx, "job") }()
+		go func() { defer close(done); _, _ = c.AcquireWait(ctx, "job") }()
 		c.Close()
 		<-done
 		cancel()

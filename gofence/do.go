@@ -10,7 +10,7 @@ import (
 
 // DoOptions tunes Do. The zero value (or nil) waits for the lease.
 type DoOptions struct {
-	// NoWait makes Do try once (Acquire) instead of waiting (Lock); a held
+	// NoWait makes Do try once (Acquire) instead of waiting (AcquireWait); a held
 	// resource then gives an error matching ErrHeld.
 	NoWait bool
 	// Holder names the holder of this lease instead of Config.Holder
@@ -52,7 +52,7 @@ func (c *Client) Do(ctx context.Context, resource string, opts *DoOptions, fn fu
 	if o.NoWait {
 		l, err = c.Acquire(ctx, resource, optionsOf(o.Holder, o.TTL)...)
 	} else {
-		l, err = c.Lock(ctx, resource, optionsOf(o.Holder, o.TTL)...)
+		l, err = c.AcquireWait(ctx, resource, optionsOf(o.Holder, o.TTL)...)
 	}
 	if err != nil {
 		return err
@@ -121,7 +121,7 @@ func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn 
 		return err // bad options: campaigning again would not help
 	}
 	for {
-		l, err := c.Lock(ctx, name, lockOpts...)
+		l, err := c.AcquireWait(ctx, name, lockOpts...)
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)

@@ -38,7 +38,7 @@
 //
 // # Lease states
 //
-//	            Acquire / Lock
+//	            Acquire / AcquireWait
 //	                  |
 //	                  v
 //	   +-------->  held  ---- Release ----> released (Err: ErrReleased)
@@ -71,19 +71,19 @@
 // # Per-lease settings
 //
 // The Config of a Client holds the defaults; WithHolder and WithTTL set the
-// holder name and the TTL of one lease (Acquire, Lock, AcquireSession,
-// LockSession; DoOptions and ElectOptions have the same fields), so one
+// holder name and the TTL of one lease (Acquire, AcquireWait, AcquireSession,
+// AcquireSessionWait; DoOptions and ElectOptions have the same fields), so one
 // Client, with one pool and one LISTEN connection, serves workers of several
 // names. A per-lease TTL brings its own renewal interval, safety margin and
 // retry interval (TTL/3, TTL/10, min(1s, TTL/12)) unless the Config set them.
 //
 // # Waiting for a lock
 //
-// Lock keeps one LISTEN connection per Client on the channel fence_release,
+// AcquireWait keeps one LISTEN connection per Client on the channel fence_release,
 // on which fence.release and fence.revoke announce the freed resource. A
 // waiter registers before it tries, so a release between its try and its
 // wait is not missed; after a reconnect of the listener every waiter tries
-// again, since notifications sent meanwhile are lost. LockSession waits for
+// again, since notifications sent meanwhile are lost. AcquireSessionWait waits for
 // a session lease the same way, but mostly by polling: fence.acquire_session
 // has no way to ask the holder's release for a notification.
 //
@@ -115,7 +115,7 @@
 //
 // # Leader election
 //
-// Elect is Lock, then the function under the lease, then Release, in a loop:
+// Elect is AcquireWait, then the function under the lease, then Release, in a loop:
 // a leader whose lease is lost sees its context cancelled (before its trust
 // deadline, so before another candidate can be elected) and campaigns again.
 // The lease token is the term number. Cancelling Elect's context steps down

@@ -91,7 +91,7 @@ func ExampleClient_Acquire() {
 	// held by worker-1 with token true
 }
 
-func ExampleClient_Lock() {
+func ExampleClient_AcquireWait() {
 	pool, done := exampleDB()
 	defer done()
 	ctx := context.Background()
@@ -110,7 +110,7 @@ func ExampleClient_Lock() {
 		_ = first.Release(ctx) // wakes the waiter through NOTIFY
 	}()
 	// Lock waits until the lease is free (or ctx is done).
-	second, err := client.Lock(ctx, "orders")
+	second, err := client.AcquireWait(ctx, "orders")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...LeaseOpti
 	return c.acquire(ctx, resource, false, t)
 }
 
-// acquire tries once; waiting asks the holder's release to NOTIFY (Lock).
+// acquire tries once; waiting asks the holder's release to NOTIFY (AcquireWait).
 func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t leaseTimings) (*Lease, error) {
 	if c.isClosed() {
 		return nil, ErrClosed

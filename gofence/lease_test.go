@@ -184,7 +184,7 @@ func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
 
 	_, err = other.Acquire(b.ctx, "job")
 	require.ErrorIs(t, err, gofence.ErrHeld, "not before the server's expiry")
-	l2, err := other.Lock(b.ctx, "job")
+	l2, err := other.AcquireWait(b.ctx, "job")
 	require.NoError(t, err)
 	defer l2.Release(b.ctx)
 	require.Greater(t, l2.Token(), l.Token())
@@ -221,7 +221,7 @@ func TestReleaseRetryAfterALostReply(t *testing.T) {
 	require.Error(t, err, "the release could not get through")
 	require.ErrorContains(t, err, "ends on its own at expiry")
 
-	l2, err := other.Lock(b.ctx, "job") // granted at the server's expiry of A's lease
+	l2, err := other.AcquireWait(b.ctx, "job") // granted at the server's expiry of A's lease
 	require.NoError(t, err)
 	defer l2.Release(b.ctx)
 	proxy.Thaw() // the held copy of A's release arrives now, late
@@ -367,7 +367,7 @@ func TestTxMapsFencingErrors(t *testing.T) {
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT 'idle'`).Scan(&status), "the connection is usable again")
 
 	myErr := errors.New("mine")
-	l2, err := c.Lock(b.ctx, "job")
+	l2, err := c.AcquireWait(b.ctx, "job")
 	require.NoError(t, err)
 	defer l2.Release(b.ctx)
 	err = l2.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
@@ -401,7 +401,7 @@ func TestSessionLease(t *testing.T) {
 		t.Fatal("the session lease did not notice its connection was gone")
 	}
 	require.ErrorIs(t, l.Err(), gofence.ErrLost)
-	l2, err := c.Lock(b.ctx, "job")
+	l2, err := c.AcquireWait(b.ctx, "job")
 	require.NoError(t, err)
 	require.Greater(t, l2.Token(), l.Token())
 	require.NoError(t, l2.Release(b.ctx))
@@ -433,7 +433,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	var got atomic.Int32
 	for range 2 {
 		wg.Go(func() {
-			l2, err := c.Lock(b.ctx, "job")
+			l2, err := c.AcquireWait(b.ctx, "job")
 			if err == nil {
 				got.Add(1)
 				_ = l2.Release(b.ctx)
@@ -507,7 +507,7 @@ func TestClose(t *testing.T) {
 		c.Close()
 		_, err = c.Acquire(b.ctx, "job")
 		require.ErrorIs(t, err, gofence.ErrClosed)
-		_, err = c.Lock(b.ctx, "job")
+		_, err = c.AcquireWait(b.ctx, "job")
 		require.ErrorIs(t, err, gofence.ErrClosed)
 		_, err = c.AcquireSession(b.ctx, "job")
 		require.ErrorIs(t, err, gofence.ErrClosed)

@@ -10,7 +10,7 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// Lock waits until it is granted a TTL lease on resource, or ctx is done.
+// AcquireWait waits until it is granted a TTL lease on resource, or ctx is done.
 // It is woken by the NOTIFY that fence.release and fence.revoke send (one
 // dedicated LISTEN connection per Client), and asks again every
 // PollInterval (jittered) or when the held lease expires by the server's
@@ -18,7 +18,7 @@ import (
 // ended already), so lost notifications and poolers that block LISTEN cost
 // latency, never progress. Options (WithHolder, WithTTL) override the
 // Client's Config for this lease.
-func (c *Client) Lock(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
+func (c *Client) AcquireWait(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
 	t, err := c.leaseTimings(opts)
 	if err != nil {
 		return nil, err
@@ -28,15 +28,15 @@ func (c *Client) Lock(ctx context.Context, resource string, opts ...LeaseOption)
 	})
 }
 
-// LockSession is the waiting variant of AcquireSession: it waits until it
+// AcquireSessionWait is the waiting variant of AcquireSession: it waits until it
 // is granted a session lease on resource, or ctx is done. It asks again
 // every PollInterval (jittered), when a TTL holder's lease expires by the
 // server's clock, and when a release notification for resource arrives;
 // fence.acquire_session cannot ask the holder's release to send one (as
-// fence.acquire does for Lock), so a release is usually noticed by polling:
+// fence.acquire does for AcquireWait), so a release is usually noticed by polling:
 // lower Config.PollInterval for a faster handoff. It holds a pool
 // connection only while it asks, and a dedicated one once granted.
-func (c *Client) LockSession(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
+func (c *Client) AcquireSessionWait(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
 	t, err := c.sessionTimings(opts)
 	if err != nil {
 		return nil, err
@@ -100,7 +100,7 @@ func (c *Client) notifier() *notifier {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.notify == nil {
-		// After Close, a notifier is born closed: Lock then polls.
+		// After Close, a notifier is born closed: AcquireWait then polls.
 		c.notify = &notifier{c: c, subs: map[string]map[chan struct{}]struct{}{}, closed: c.closed}
 	}
 	return c.notify

@@ -41,7 +41,7 @@ func lockRound(t *testing.T, b *bundle, n int, cfg gofence.Config) []time.Durati
 		c := b.client(t, nil, cfg)
 		wg.Go(func() {
 			ready.Done()
-			l, err := c.Lock(ctx, "job")
+			l, err := c.AcquireWait(ctx, "job")
 			require.NoError(t, err)
 			granted := time.Now()
 			require.Equal(t, int32(1), holding.Add(1), "two holders at once")
@@ -104,7 +104,7 @@ func TestLockWaitsForExpiryOfACrashedHolder(t *testing.T) {
 	waiter := b.client(t, nil, gofence.Config{TTL: 10 * time.Second, PollInterval: time.Minute})
 	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
-	l, err := waiter.Lock(ctx, "job")
+	l, err := waiter.AcquireWait(ctx, "job")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(b.ctx))
 }
@@ -122,12 +122,12 @@ func TestLockStopsWhenTheContextEnds(t *testing.T) {
 		}
 		cancel()
 	}()
-	_, err = c.Lock(ctx, "job")
+	_, err = c.AcquireWait(ctx, "job")
 	require.ErrorIs(t, err, context.Canceled)
 }
 
 // TestLockHandoffUnderChurn: four clients take turns on one resource as fast
-// as they can (hold 1 ms, release, Lock again), with polling set to a minute
+// as they can (hold 1 ms, release, AcquireWait again), with polling set to a minute
 // and a 30 s lease: every handoff must come from a notification. The first
 // version of the waiter flag took a row lock before the gate in one path and
 // deadlocked with a grant now and then (a 1 s stall per deadlock_timeout,
@@ -150,7 +150,7 @@ func TestLockHandoffUnderChurn(t *testing.T) {
 	for _, c := range clients {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				l, err := c.Lock(ctx, "job")
+				l, err := c.AcquireWait(ctx, "job")
 				if err != nil {
 					t.Errorf("Lock: %v (a waiter was not woken)", err)
 					return

@@ -86,7 +86,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			got := make(chan *gofence.Lease, 1)
 			errs := make(chan error, 1)
 			go func() {
-				l, err := c.Lock(ctx, "lock")
+				l, err := c.AcquireWait(ctx, "lock")
 				if err != nil {
 					errs <- err
 					return

@@ -41,11 +41,11 @@ import (
 // *pgconn.PgError reachable through errors.As, whose message names the
 // resource), and also ErrLost when any of the leases was lost by then.
 func (l *Lease) Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error, others ...*Lease) error {
-	return l.TxOptions(ctx, pool, pgx.TxOptions{}, fn, others...)
+	return l.TxWithOptions(ctx, pool, pgx.TxOptions{}, fn, others...)
 }
 
-// TxOptions is Tx with transaction options (isolation level, access mode).
-func (l *Lease) TxOptions(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, fn func(pgx.Tx) error, others ...*Lease) error {
+// TxWithOptions is Tx with transaction options (isolation level, access mode).
+func (l *Lease) TxWithOptions(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, fn func(pgx.Tx) error, others ...*Lease) error {
 	s, err := l.with(others)
 	if err != nil {
 		return err

@@ -178,7 +178,7 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		}, l2))
 		require.Equal(t, "1:a,2:b", b.invRows(t))
 		// The order of the leases does not matter, nor does the form.
-		require.NoError(t, l2.TxOptions(b.ctx, b.db.Pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+		require.NoError(t, l2.TxWithOptions(b.ctx, b.db.Pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(b.ctx, `UPDATE inv SET note = note || '!'`)
 			return err
 		}, l1))

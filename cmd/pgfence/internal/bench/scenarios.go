@@ -289,7 +289,7 @@ func handoffSlice(ctx context.Context, clients []*gofence.Client, resource strin
 	for _, c := range clients {
 		wg.Go(func() {
 			for {
-				l, err := c.Lock(sctx, resource)
+				l, err := c.AcquireWait(sctx, resource)
 				now := time.Now()
 				if err != nil {
 					if sctx.Err() == nil {

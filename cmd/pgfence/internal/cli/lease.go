@@ -87,7 +87,7 @@ func takeLease(ctx context.Context, c *gofence.Client, resource string, wait boo
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	return c.Lock(ctx, resource)
+	return c.AcquireWait(ctx, resource)
 }
 
 // heldMessage says who holds the resource and how to wait for it, in the
