@@ -23,20 +23,9 @@
 -- statement over a few resources under READ COMMITTED) or by locking their
 -- lease rows FOR KEY SHARE (every other statement).
 --
--- Why this is guarantee 3 per resource without one heavyweight lock per
--- resource: a grant takes the gate in exclusive mode and then locks the
--- lease row FOR UPDATE before it writes the new token (fence._grant), and
--- FOR UPDATE conflicts with FOR KEY SHARE. If we lock first, the grant waits
--- until our transaction has ended, so it returns after our write committed.
--- If the grant locked first, we wait for it; then under READ COMMITTED the
--- lock lands on the newest row version, whose token we compare (the
--- grant's, so an older token is refused), and under REPEATABLE READ or
--- SERIALIZABLE locking a row updated after our snapshot fails with 40001.
--- Row locks live in the rows, not in the lock table, so a statement that
--- writes rows of 100 000 resources needs no max_locks_per_transaction
--- (TestLargeStatementsStayInTheLockBudget). The gates are only for small
--- statements: there they spare the row lock's WAL record (most writes touch
--- one resource), and they queue writers behind a waiting grant (below).
+-- Why that is guarantee 3 per resource, and why row locks rather than one
+-- advisory lock per resource (the lock table), is in docs/design.md,
+-- "Per-row resources".
 --
 -- op and rel only word the errors. SECURITY DEFINER: a row lock needs UPDATE
 -- on fence.lease, which writers do not have; EXECUTE comes with the kit's
@@ -54,20 +43,11 @@ DECLARE
     gated   boolean := false;
 BEGIN
     -- A statement over a few resources takes their gates in share mode (in
-    -- key order, so that two writers never wait for each other's gates in
-    -- opposite orders), as the table-wide guard does: a grant takes the gate
-    -- in exclusive mode before it locks the lease row, so
-    -- * under READ COMMITTED the gate alone is enough (fence.check's
-    --   argument): a read after it sees every grant that committed before
-    --   we got it, and no grant can commit until we end; no row is written;
-    -- * a waiting grant holds the gate's queue, where a FOR KEY SHARE lock
-    --   never queues behind a waiting FOR UPDATE (transactions that keep
-    --   adding rows to one resource would hold its grant off past
-    --   fence.grant_wait, which bounds each lock wait, not their sum).
-    -- At most 16 resources per statement and 64 gates per transaction
-    -- (counted in fence._gates), so that the lock table never fills; past
-    -- that, the row locks below do the work alone. A forged count only
-    -- moves a statement to the row locks.
+    -- key order), while the transaction holds at most 64 (counted in
+    -- fence._gates): under READ COMMITTED that is the whole check (gate,
+    -- then a read), and a waiting grant queues new writers behind it.
+    -- Otherwise the lease rows are locked FOR KEY SHARE. docs/design.md,
+    -- "Per-row resources" (the lock budget, fairness).
     IF cardinality(res) <= 16 THEN
         held := CASE WHEN gates ~ '^[0-9]{1,4}$' THEN gates::integer WHEN coalesce(gates, '') = '' THEN 0 ELSE 64 END;
         IF held + cardinality(res) <= 64 THEN
@@ -150,8 +130,9 @@ $$;
 -- the token fence.use_token registered for it, unless new rows of the same
 -- statement presented that resource's token. Tables without a token column
 -- need fence.use_token for every resource of every old and new row. One
--- set-based check per statement, with row locks (fence._check_many), so that
--- a statement over many resources costs one join, not a query per row.
+-- set-based check per statement (a small one under READ COMMITTED inline:
+-- gates, then a read; the others in fence._check_many), so that a statement
+-- over many resources costs one join, not a query per row.
 -- The statement triggers see the rows as written, after every BEFORE
 -- trigger of the table.
 --
