@@ -1,8 +1,15 @@
-// Package pgcluster starts throwaway PostgreSQL clusters from the server
-// binaries installed on this machine: initdb into a temporary directory,
-// start on a free loopback port, stop and remove. The test harness
-// (internal/pgtest) and pgfence demo (when no server answers) use it. As
-// root, the binaries run as the OS user postgres (initdb refuses root).
+// Package pgcluster is the one place that makes scratch PostgreSQL servers
+// and databases, for the test harness (internal/pgtest), pgfence demo and
+// pgfence bench:
+//
+//   - throwaway clusters from the server binaries installed on this machine
+//     ([LocalBins], [StartThrowaway], [Instance]): initdb into a temporary
+//     directory, start on a free loopback port, stop and remove. As root,
+//     the binaries run as the OS user postgres (initdb refuses root);
+//   - waiting for a server to accept connections, or to reach a state
+//     ([WaitReady]);
+//   - randomly named databases, created and force-dropped
+//     ([CreateScratchDB], [CreateDB], [DropDB]).
 package pgcluster
 
 import (
@@ -21,8 +28,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Bins is a directory holding the server binaries of one PostgreSQL
@@ -31,6 +36,7 @@ import (
 // scripts in /usr/bin are bypassed).
 type Bins struct{ Dir string }
 
+// Path returns the path of the server tool named tool (initdb, pg_ctl...).
 func (b Bins) Path(tool string) string { return filepath.Join(b.Dir, tool) }
 
 var (
@@ -237,7 +243,7 @@ func (in *Instance) StartNewPort(ctx context.Context) error {
 	var err error
 	for range 3 {
 		var port int
-		port, err = freePort()
+		port, err = FreePort()
 		if err != nil {
 			return err
 		}
@@ -263,7 +269,7 @@ func (in *Instance) Start(ctx context.Context) error {
 		"-D", in.Data, "-l", in.Logfile); err != nil {
 		return err
 	}
-	return waitReady(ctx, in.URL("postgres"))
+	return WaitReady(ctx, in.URL("postgres"), nil)
 }
 
 // Stop stops the server with the given pg_ctl shutdown mode.
@@ -312,10 +318,15 @@ func (in *Instance) URL(db string) string {
 }
 
 // LogTail returns the last n lines of the server log.
-func (in *Instance) LogTail(n int) string {
-	b, err := os.ReadFile(in.Logfile)
+func (in *Instance) LogTail(n int) string { return TailFile(in.Logfile, "server log", n) }
+
+// TailFile returns the last n lines of the file at path, a log read for a
+// failure message; when it cannot be read, the answer says so, naming the
+// file as what.
+func TailFile(path, what string, n int) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Sprintf("(no server log: %v)", err)
+		return fmt.Sprintf("(no %s: %v)", what, err)
 	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
@@ -347,23 +358,6 @@ func (in *Instance) Run(ctx context.Context, tool string, args ...string) (strin
 	return out.String(), nil
 }
 
-// waitReady waits until the server accepts connections on connURL.
-func waitReady(ctx context.Context, connURL string) error {
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		conn, err := pgx.Connect(cctx, connURL)
-		cancel()
-		if err == nil {
-			return conn.Close(ctx)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the server on %s: %w", connURL, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 func toolEnv(home string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
@@ -378,8 +372,9 @@ func toolEnv(home string) []string {
 	return append(env, "LC_ALL=C", "LANG=C", "HOME="+home)
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
+// FreePort asks the kernel for a free TCP port on 127.0.0.1 (free when
+// asked: the caller retries when another process takes it first).
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free port: %w", err)

@@ -18,10 +18,7 @@ import (
 // the test process dies first.
 func NewWALArchive(t testing.TB) string {
 	t.Helper()
-	bins, err := pgcluster.FindBins(os.Getenv(EnvBinDir))
-	if err == nil {
-		err = pgcluster.CheckCredential()
-	}
+	bins, err := pgcluster.LocalBins(os.Getenv(EnvBinDir))
 	if err != nil {
 		skipOrFatal(t, &unavailableError{reasons: []string{"NewWALArchive needs local PostgreSQL binaries: " + err.Error()}})
 	}

@@ -46,22 +46,12 @@ type Cluster struct {
 // test needs to control the server process and its files.
 func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	t.Helper()
-	bins, err := pgcluster.FindBins(os.Getenv(EnvBinDir))
-	if err == nil {
-		err = pgcluster.CheckCredential()
-	}
+	bins, err := pgcluster.LocalBins(os.Getenv(EnvBinDir))
 	if err != nil {
 		skipOrFatal(t, &unavailableError{reasons: []string{"NewCluster needs local PostgreSQL binaries: " + err.Error()}})
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-
-	inst, err := pgcluster.New(bins)
-	if err != nil {
-		t.Fatalf("pgtest: new cluster: %v", err)
-	}
-	c := &Cluster{inst: inst}
-	c.registerCleanup(t)
 
 	conf := []string{
 		"fsync = on",
@@ -79,12 +69,12 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	for _, k := range keys {
 		conf = append(conf, k+" = "+opts.Config[k])
 	}
-	if err := inst.Initdb(ctx, conf); err != nil {
+	inst, err := pgcluster.StartThrowaway(ctx, bins, conf)
+	if err != nil {
 		t.Fatalf("pgtest: new cluster: %v", err)
 	}
-	if err := inst.StartNewPort(ctx); err != nil {
-		t.Fatalf("pgtest: start cluster: %v", err)
-	}
+	c := &Cluster{inst: inst}
+	c.registerCleanup(t)
 
 	admin, err := pgx.Connect(ctx, c.AdminURL())
 	if err != nil {
@@ -92,11 +82,11 @@ func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	}
 	defer admin.Close(context.Background())
 	t.Logf("pgtest: private cluster: PostgreSQL %s from %s", admin.PgConn().ParameterStatus("server_version"), bins.Dir)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident(ClusterDB)); err != nil {
+	if _, err := pgcluster.CreateDB(ctx, admin, ClusterDB, ""); err != nil {
 		t.Fatalf("pgtest: create database %s: %v", ClusterDB, err)
 	}
 	if !opts.NoMigrate {
-		if err := migrateUp(ctx, c.URL()); err != nil {
+		if err := migrateURL(ctx, c.URL()); err != nil {
 			t.Fatalf("pgtest: new cluster: %v", err)
 		}
 	}
@@ -218,7 +208,7 @@ func (c *Cluster) NewStandby(t testing.TB) *Cluster {
 	if err := inst.StartNewPort(ctx); err != nil {
 		t.Fatalf("pgtest: start standby: %v\nserver log:\n%s", err, inst.LogTail(30))
 	}
-	err = waitConnect(ctx, s.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	err = pgcluster.WaitReady(ctx, s.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		var inRecovery bool
 		err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery)
 		return inRecovery, err
@@ -238,7 +228,7 @@ func (c *Cluster) Promote(t testing.TB) {
 	if _, err := c.inst.Run(ctx, "pg_ctl", "promote", "-w", "-t", strconv.Itoa(int(opTimeout/time.Second)), "-D", c.inst.Data); err != nil {
 		t.Fatalf("pgtest: promote: %v\nserver log:\n%s", err, c.inst.LogTail(30))
 	}
-	err := waitConnect(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	err := pgcluster.WaitReady(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		var inRecovery bool
 		err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery)
 		return !inRecovery, err
@@ -256,13 +246,13 @@ func (c *Cluster) WaitCaughtUp(t testing.TB, standby *Cluster) {
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
 	var lsn string
-	if err := waitConnect(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	if err := pgcluster.WaitReady(ctx, c.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
 		return err == nil, err
 	}); err != nil {
 		t.Fatalf("pgtest: primary WAL position: %v", err)
 	}
-	err := waitConnect(ctx, standby.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	err := pgcluster.WaitReady(ctx, standby.AdminURL(), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		var done bool
 		err := conn.QueryRow(ctx, "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)", lsn).Scan(&done)
 		return done, err

@@ -77,7 +77,7 @@ func NewPgBouncer(t testing.TB, serverURL string) *PgBouncer {
 	defer cancel()
 	var lastErr error
 	for range 3 { // another process may take the free port before PgBouncer binds it
-		b.Port, err = freePort()
+		b.Port, err = pgcluster.FreePort()
 		if err != nil {
 			t.Fatalf("pgtest: %v", err)
 		}
@@ -140,7 +140,7 @@ func (b *PgBouncer) start(t testing.TB, ctx context.Context, bin, ini string) er
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ready := make(chan error, 1)
-	go func() { ready <- waitConnect(wctx, probe, nil) }()
+	go func() { ready <- pgcluster.WaitReady(wctx, probe, nil) }()
 	select {
 	case err := <-ready:
 		if err != nil {
@@ -174,15 +174,7 @@ func (b *PgBouncer) URL(dbURL string) string {
 
 // LogTail returns the last n lines of PgBouncer's log, for failure messages.
 func (b *PgBouncer) LogTail(n int) string {
-	data, err := os.ReadFile(b.log)
-	if err != nil {
-		return fmt.Sprintf("(no pgbouncer log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return pgcluster.TailFile(b.log, "pgbouncer log", n)
 }
 
 func findPgBouncer() (string, error) {
@@ -195,14 +187,4 @@ func findPgBouncer() (string, error) {
 		}
 	}
 	return "", errors.New("no pgbouncer binary (PATH, /usr/sbin)")
-}
-
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

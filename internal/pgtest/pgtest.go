@@ -35,8 +35,6 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -48,6 +46,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgfence/pgfence/internal/pgcluster"
 )
 
 // Environment variables understood by the harness.
@@ -133,11 +132,11 @@ func Empty(t testing.TB) *DB {
 func newDB(t testing.TB, srv *server, template string) *DB {
 	t.Helper()
 	stateFor(t) // registers its cleanup first, so roles are dropped after the databases
-	name := "pgtest_" + randomHex(6)
+	name := pgcluster.ScratchName("pgtest_", 6)
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-	sql := "CREATE DATABASE " + ident(name) + " TEMPLATE " + ident(template)
-	if _, err := srv.admin.Exec(ctx, sql); err != nil {
+	drop, err := pgcluster.CreateDB(ctx, srv.admin, name, template)
+	if err != nil {
 		t.Fatalf("pgtest: create database %s from %s: %v", name, template, err)
 	}
 	db := &DB{URL: URLFor(srv.adminURL, name), Name: name}
@@ -150,9 +149,7 @@ func newDB(t testing.TB, srv *server, template string) *DB {
 				return
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
-		if _, err := srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
+		if err := drop(context.Background()); err != nil {
 			t.Errorf("pgtest: drop database %s: %v", name, err)
 		}
 	})
@@ -219,7 +216,7 @@ func NewRole(t testing.TB, prefix string) string {
 	t.Helper()
 	srv := requireServer(t)
 	st := stateFor(t)
-	name := prefix + "_" + randomHex(5)
+	name := pgcluster.ScratchName(prefix+"_", 5)
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
 	if _, err := srv.admin.Exec(ctx, "CREATE ROLE "+ident(name)+" LOGIN"); err != nil {
@@ -333,7 +330,7 @@ func connect(t testing.TB, connURL string) *pgx.Conn {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, connURL)
 	if err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", redact(connURL), err)
+		t.Fatalf("pgtest: connect to %s: %v", pgcluster.Redact(connURL), err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -346,29 +343,14 @@ func connect(t testing.TB, connURL string) *pgx.Conn {
 func keep() bool { return os.Getenv(EnvKeep) == "1" }
 
 // ident quotes a name as an SQL identifier.
-func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	return hex.EncodeToString(b)
-}
+func ident(name string) string { return pgcluster.Ident(name) }
 
 func mustParseURL(s string) *url.URL {
 	u, err := url.Parse(s)
 	if err != nil {
-		panic(fmt.Sprintf("pgtest: bad URL %q: %v", redact(s), err))
+		panic(fmt.Sprintf("pgtest: bad URL %q: %v", pgcluster.Redact(s), err))
 	}
 	return u
-}
-
-// redact hides the password of a URL, for logs.
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparsable URL>"
-	}
-	return u.Redacted()
 }
 
 // MustMigratedDB is Setup for code that gets no *testing.T, such as
@@ -390,13 +372,10 @@ func MustMigratedDB() (url string, drop func()) {
 	if err != nil {
 		panic(fmt.Sprintf("pgtest: %v", err))
 	}
-	name := "pgtest_" + randomHex(6)
-	if _, err := srv.admin.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE "+ident(tpl)); err != nil {
+	name := pgcluster.ScratchName("pgtest_", 6)
+	dropDB, err := pgcluster.CreateDB(ctx, srv.admin, name, tpl)
+	if err != nil {
 		panic(fmt.Sprintf("pgtest: create database %s: %v", name, err))
 	}
-	return URLFor(srv.adminURL, name), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
-		_, _ = srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)")
-	}
+	return URLFor(srv.adminURL, name), func() { _ = dropDB(context.Background()) }
 }

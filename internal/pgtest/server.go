@@ -8,9 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgcluster"
@@ -46,7 +44,7 @@ func getServer() (*server, error) {
 		srv, err := findServer()
 		serverVal, serverErr = srv, err
 		if err == nil {
-			fmt.Fprintf(os.Stderr, "pgtest: using %s %s (PostgreSQL %s)\n", srv.source, redact(srv.adminURL), srv.version)
+			fmt.Fprintf(os.Stderr, "pgtest: using %s %s (PostgreSQL %s)\n", srv.source, pgcluster.Redact(srv.adminURL), srv.version)
 		}
 	})
 	return serverVal, serverErr
@@ -116,12 +114,8 @@ func findServer() (*server, error) {
 		reasons = append(reasons, "docker: "+err.Error())
 	}
 
-	bins, err := pgcluster.FindBins(os.Getenv(EnvBinDir))
+	bins, err := pgcluster.LocalBins(os.Getenv(EnvBinDir))
 	if err != nil {
-		reasons = append(reasons, "local binaries: "+err.Error())
-		return nil, &unavailableError{reasons: reasons}
-	}
-	if err := pgcluster.CheckCredential(); err != nil {
 		reasons = append(reasons, "local binaries: "+err.Error())
 		return nil, &unavailableError{reasons: reasons}
 	}
@@ -137,7 +131,7 @@ func findServer() (*server, error) {
 func openServer(source, adminURL string, stop func()) (*server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	if err := waitConnect(ctx, adminURL, nil); err != nil {
+	if err := pgcluster.WaitReady(ctx, adminURL, nil); err != nil {
 		return nil, err
 	}
 	pool, err := pgxpool.New(ctx, adminURL)
@@ -156,25 +150,13 @@ func openServer(source, adminURL string, stop func()) (*server, error) {
 // trades durability for speed (fsync off), which ordinary tests do not
 // observe; fault tests use NewCluster instead.
 func startLocalServer(bins pgcluster.Bins) (*server, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	inst, err := pgcluster.New(bins)
-	if err != nil {
-		return nil, err
-	}
-	conf := []string{
+	inst, err := pgcluster.StartThrowaway(context.Background(), bins, []string{
 		"fsync = off",
 		"synchronous_commit = off",
 		"full_page_writes = off",
 		"max_connections = 300",
-	}
-	if err := inst.Initdb(ctx, conf); err != nil {
-		inst.Destroy()
-		return nil, err
-	}
-	if err := inst.StartNewPort(ctx); err != nil {
-		err = fmt.Errorf("%w\nserver log:\n%s", err, inst.LogTail(30))
-		inst.Destroy()
+	})
+	if err != nil {
 		return nil, err
 	}
 	srv, err := openServer("local", inst.URL("postgres"), inst.Destroy)
@@ -188,40 +170,4 @@ func startLocalServer(bins pgcluster.Bins) (*server, error) {
 			EnvKeep, inst.Base, inst.Data, inst.Logfile)
 	}
 	return srv, nil
-}
-
-// waitConnect polls until a connection to connURL succeeds and check (when
-// not nil) returns true, or ctx ends. It is how the harness waits for a
-// server state without sleeping blindly.
-func waitConnect(ctx context.Context, connURL string, check func(context.Context, *pgx.Conn) (bool, error)) error {
-	var last error
-	for {
-		ok, err := tryConnect(ctx, connURL, check)
-		if ok {
-			return nil
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			if last == nil {
-				last = ctx.Err()
-			}
-			return fmt.Errorf("waiting for %s: %w", redact(connURL), last)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func tryConnect(ctx context.Context, connURL string, check func(context.Context, *pgx.Conn) (bool, error)) (bool, error) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(cctx, connURL)
-	if err != nil {
-		return false, err
-	}
-	defer conn.Close(context.Background())
-	if check == nil {
-		return true, nil
-	}
-	return check(cctx, conn)
 }

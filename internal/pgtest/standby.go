@@ -35,7 +35,7 @@ func copyBaseBackup(ctx context.Context, src, dst *pgcluster.Instance, appName s
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
 		return err
 	}
-	slot := "pgtest_" + randomHex(6)
+	slot := pgcluster.ScratchName("pgtest_", 6)
 	if _, err := conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slot); err != nil {
 		return fmt.Errorf("create replication slot: %w", err)
 	}

@@ -9,12 +9,11 @@ import (
 	"io/fs"
 	"sort"
 
-	"github.com/golang-migrate/migrate/v4"
-	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -63,23 +62,23 @@ func (s *server) ensureTemplate(ctx context.Context) (string, error) {
 		if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident(name)+" WITH IS_TEMPLATE false"); err != nil {
 			return "", fmt.Errorf("template %s: unmark unfinished template: %w", name, err)
 		}
-		if _, err := conn.Exec(ctx, "DROP DATABASE "+ident(name)+" WITH (FORCE)"); err != nil {
+		if err := pgcluster.DropDB(ctx, conn, name); err != nil {
 			return "", fmt.Errorf("template %s: drop unfinished template: %w", name, err)
 		}
 	case !errors.Is(err, pgx.ErrNoRows):
 		return "", fmt.Errorf("template %s: look up: %w", name, err)
 	}
 
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE template0"); err != nil {
+	if _, err := pgcluster.CreateDB(ctx, conn, name, "template0"); err != nil {
 		return "", fmt.Errorf("template %s: create: %w", name, err)
 	}
-	if err := migrateUp(ctx, URLFor(s.adminURL, name)); err != nil {
+	if err := migrateURL(ctx, URLFor(s.adminURL, name)); err != nil {
 		return "", fmt.Errorf("template %s: %w", name, err)
 	}
 	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident(name)+" WITH ALLOW_CONNECTIONS false IS_TEMPLATE true"); err != nil {
 		return "", fmt.Errorf("template %s: mark as template: %w", name, err)
 	}
-	// migrateUp closed its connections, but a backend may not have exited
+	// migrateURL closed its connections, but a backend may not have exited
 	// yet; make sure none is left to block the first clone.
 	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", name); err != nil {
 		return "", fmt.Errorf("template %s: close sessions: %w", name, err)
@@ -87,50 +86,17 @@ func (s *server) ensureTemplate(ctx context.Context) (string, error) {
 	return name, nil
 }
 
-// migrateUp applies every migration of migrations.FS to the database at
-// dbURL with golang-migrate, recording them in migrations.Table exactly as
-// users' tooling does, and closes all its connections before returning.
-func migrateUp(ctx context.Context, dbURL string) (err error) {
-	cfg, err := pgx.ParseConfig(dbURL)
-	if err != nil {
-		return fmt.Errorf("migrate: parse URL: %w", err)
-	}
-	sqlDB := stdlib.OpenDB(*cfg)
-	defer sqlDB.Close()
-	if err := sqlDB.PingContext(ctx); err != nil {
-		return fmt.Errorf("migrate: connect: %w", err)
-	}
-	drv, err := pgxmigrate.WithInstance(sqlDB, &pgxmigrate.Config{MigrationsTable: migrations.Table})
-	if err != nil {
-		return fmt.Errorf("migrate: database driver: %w", err)
-	}
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		return fmt.Errorf("migrate: source: %w", err)
-	}
-	m, err := migrate.NewWithInstance("iofs", src, "pgx5", drv)
+// migrateURL applies every migration of migrations.FS to the database at
+// dbURL with gofence.Migrate (golang-migrate, recording them in
+// migrations.Table exactly as users' tooling does), through a pool of its
+// own that it closes, with all its connections, before returning.
+func migrateURL(ctx context.Context, dbURL string) error {
+	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	defer func() {
-		srcErr, dbErr := m.Close()
-		if err == nil && (srcErr != nil || dbErr != nil) {
-			err = fmt.Errorf("migrate: close: %v, %v", srcErr, dbErr)
-		}
-	}()
-	// golang-migrate has no context; a graceful stop on cancellation keeps
-	// it bounded between migrations.
-	stop := context.AfterFunc(ctx, func() {
-		select {
-		case m.GracefulStop <- true:
-		default:
-		}
-	})
-	defer stop()
-	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("migrate up: %w", err)
-	}
-	return nil
+	defer pool.Close()
+	return gofence.Migrate(ctx, pool)
 }
 
 // migrationsHash is the SHA-256 of the migration files' names and contents.

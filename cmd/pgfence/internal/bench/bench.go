@@ -16,8 +16,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -160,9 +159,15 @@ type bench struct {
 	admin  *pgxpool.Pool
 	base   *pgxpool.Config // the admin pool's config, to derive others from
 	prefix string          // database name prefix of this run
-	dbs    []string        // databases created, dropped at the end
+	dbs    []benchDB       // databases created, dropped at the end
 	log    *slog.Logger
 	report *Report
+}
+
+// benchDB is a database of the run and the function that drops it.
+type benchDB struct {
+	name string
+	drop func(context.Context) error
 }
 
 // Run runs the scenarios o asks for on the server of admin, a pool whose
@@ -174,25 +179,21 @@ type bench struct {
 // was cancelled.
 func Run(ctx context.Context, admin *pgxpool.Pool, o Options) (_ *Report, err error) {
 	start := time.Now()
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
 	logOut := o.Log
 	if logOut == nil {
 		logOut = io.Discard
 	}
 	b := &bench{
 		o: o, admin: admin, base: admin.Config(),
-		prefix: "pgfence_bench_" + hex.EncodeToString(suffix),
+		prefix: pgcluster.ScratchName("pgfence_bench_", 4),
 		log:    slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		report: &Report{},
 	}
 	defer func() {
-		// Drop even when ctx was cancelled (Ctrl-C): the bench leaves nothing behind.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
+		// Dropped even when ctx was cancelled (Ctrl-C): the bench leaves nothing behind.
 		for _, db := range b.dbs {
-			if _, derr := admin.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); derr != nil && err == nil {
-				err = fmt.Errorf("dropping the bench database %s: %w", db, derr)
+			if derr := db.drop(ctx); derr != nil && err == nil {
+				err = fmt.Errorf("dropping the bench database %s: %w", db.name, derr)
 			}
 		}
 	}()
@@ -341,10 +342,11 @@ func humanBytes(n int64) string {
 // it with maxConns connections that counts its round trips.
 func (b *bench) createDB(ctx context.Context, suffix string, maxConns int32, params map[string]string) (*pgxpool.Pool, *rtCounter, error) {
 	name := b.prefix + suffix
-	if _, err := b.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	drop, err := pgcluster.CreateDB(ctx, b.admin, name, "")
+	if err != nil {
 		return nil, nil, fmt.Errorf("creating the bench database (the role needs CREATEDB): %w", err)
 	}
-	b.dbs = append(b.dbs, name)
+	b.dbs = append(b.dbs, benchDB{name: name, drop: drop})
 	pool, rt, err := b.openPool(ctx, name, maxConns, params)
 	if err != nil {
 		return nil, nil, err

@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -68,25 +66,12 @@ so, and removes it at the end.`,
 // startThrowaway starts a cluster from this machine's PostgreSQL binaries and
 // returns its superuser URL and the function that removes it.
 func startThrowaway(ctx context.Context, log io.Writer) (string, func(), error) {
-	bins, err := pgcluster.FindBins("")
+	bins, err := pgcluster.LocalBins("")
 	if err != nil {
 		return "", nil, fmt.Errorf("no local PostgreSQL binaries to start a throwaway cluster: %w", err)
 	}
-	if err := pgcluster.CheckCredential(); err != nil {
-		return "", nil, err
-	}
-	inst, err := pgcluster.New(bins)
+	inst, err := pgcluster.StartThrowaway(ctx, bins, nil)
 	if err != nil {
-		return "", nil, err
-	}
-	sctx, cancel := context.WithTimeout(ctx, pgcluster.Timeout)
-	defer cancel()
-	if err := inst.Initdb(sctx, nil); err != nil {
-		inst.Destroy()
-		return "", nil, err
-	}
-	if err := inst.StartNewPort(sctx); err != nil {
-		inst.Destroy()
 		return "", nil, err
 	}
 	fmt.Fprintf(log, "pgfence demo: started a throwaway PostgreSQL cluster from %s on 127.0.0.1:%d (in %s; removed at the end)\n",
@@ -139,18 +124,13 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 	}
 	defer closePool(admin)
 
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
-	dbName := "pgfence_demo_" + hex.EncodeToString(suffix)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()); err != nil {
+	dbName, drop, err := pgcluster.CreateScratchDB(ctx, admin, "pgfence_demo_")
+	if err != nil {
 		return fmt.Errorf("creating the demo database (the role needs CREATEDB): %w", err)
 	}
 	defer func() {
-		// Drop even when ctx was cancelled (Ctrl-C): the demo leaves nothing behind.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_, derr := admin.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{dbName}.Sanitize()+" WITH (FORCE)")
-		if derr != nil && err == nil {
+		// Dropped even when ctx was cancelled (Ctrl-C): the demo leaves nothing behind.
+		if derr := drop(ctx); derr != nil && err == nil {
 			err = fmt.Errorf("dropping the demo database %s: %w", dbName, derr)
 		}
 	}()
