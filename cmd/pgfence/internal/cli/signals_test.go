@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
@@ -268,4 +269,39 @@ func TestRunPassesCtrlCOnlyAsSIGINT(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
 	require.Equal(t, 3, exitCode(t, cmd), "stderr: %s", stderr.String())
 	require.Equal(t, "INT\nHUP\n", readFile(t, log), "the command got more than the signals sent to pgfence")
+}
+
+// TestDemoCleansUpWhenItsReaderGoesAway: `pgfence demo | head -1` closes the
+// pipe while the demo still writes; the demo must still drop its database
+// (before SIGPIPE was handled, the first write after the reader left killed
+// it and left pgfence_demo_XXXX behind). On a cluster of its own, so that no
+// other test's demo database is counted.
+func TestDemoCleansUpWhenItsReaderGoesAway(t *testing.T) {
+	t.Parallel()
+	bin := buildPgfence(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "demo", "--database-url", c.URL())
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr syncBuf
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	first := make([]byte, 1)
+	_, err = out.Read(first) // the demo is writing
+	require.NoError(t, err)
+	require.NoError(t, out.Close()) // the reader goes away
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		ws := exit.Sys().(syscall.WaitStatus)
+		require.False(t, ws.Signaled(), "killed by %v before its cleanup; stderr: %s", ws.Signal(), stderr.String())
+	}
+	db, err := pgx.Connect(ctx, c.AdminURL())
+	require.NoError(t, err)
+	defer db.Close(context.Background())
+	var left int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE 'pgfence_demo_%'`).Scan(&left))
+	require.Zero(t, left, "the demo's database was left behind; stderr: %s", stderr.String())
 }
