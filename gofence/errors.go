@@ -55,11 +55,11 @@ type HeldError struct {
 func (e *HeldError) Error() string {
 	switch {
 	case e.Holder == "":
-		return fmt.Sprintf("pgfence: %s is busy: a transaction under the previous token is still open; try again or use Lock to wait", e.Resource)
+		return fmt.Sprintf("pgfence: %s is busy: a transaction under the previous token is still open; try again, or use AcquireWait to wait for it", e.Resource)
 	case e.ExpiresAt.IsZero():
-		return fmt.Sprintf("pgfence: %s is held by %s (session lease, token %d); use Lock to wait for it", e.Resource, e.Holder, e.Token)
+		return fmt.Sprintf("pgfence: %s is held by %s (session lease, token %d); use AcquireWait to wait for it", e.Resource, e.Holder, e.Token)
 	default:
-		return fmt.Sprintf("pgfence: %s is held by %s (token %d) for another %s by the server's clock; use Lock to wait for it",
+		return fmt.Sprintf("pgfence: %s is held by %s (token %d) for another %s by the server's clock; use AcquireWait to wait for it",
 			e.Resource, e.Holder, e.Token, e.ExpiresAt.Sub(e.ServerNow).Round(time.Millisecond))
 	}
 }

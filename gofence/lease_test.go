@@ -143,7 +143,7 @@ func TestKeepaliveHoldsTheLeasePastItsTTL(t *testing.T) {
 	require.ErrorIs(t, err, gofence.ErrHeld)
 	require.Equal(t, c.Holder(), held.Holder)
 	require.Equal(t, l.Token(), held.Token)
-	require.Contains(t, err.Error(), "use Lock to wait")
+	require.Contains(t, err.Error(), "use AcquireWait to wait")
 
 	require.NoError(t, l.Release(b.ctx))
 	require.NoError(t, l.Release(b.ctx), "idempotent")

@@ -208,8 +208,7 @@ func message(err error) string {
 var apiToFlags = strings.NewReplacer(
 	"Config.TTL", "--ttl",
 	"Config.Holder", "--holder",
-	"use Lock to wait for it", "pass --wait to wait for it",
-	"or use Lock to wait", "or pass --wait",
+	"use AcquireWait to wait for it", "pass --wait to wait for it",
 	" (or gofence.Migrate)", "",
 )
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -91,17 +92,9 @@ func takeLease(ctx context.Context, c *gofence.Client, resource string, wait boo
 }
 
 // heldMessage says who holds the resource and how to wait for it, in the
-// CLI's words (the library's HeldError names its Go API).
+// CLI's words: HeldError's own message with the Go API renamed to flags.
 func heldMessage(e *gofence.HeldError) string {
-	switch {
-	case e.Holder == "":
-		return fmt.Sprintf("%s is busy: a transaction under the previous token is still open; try again, or pass --wait to wait for it", e.Resource)
-	case e.ExpiresAt.IsZero():
-		return fmt.Sprintf("%s is held by %s (session lease, token %d); pass --wait to wait for it", e.Resource, e.Holder, e.Token)
-	default:
-		return fmt.Sprintf("%s is held by %s (token %d) for another %s by the server's clock; pass --wait to wait for it",
-			e.Resource, e.Holder, e.Token, e.ExpiresAt.Sub(e.ServerNow).Round(time.Millisecond))
-	}
+	return apiToFlags.Replace(strings.TrimPrefix(e.Error(), "pgfence: "))
 }
 
 // tokenFlag reads --token, which renew and release require.
