@@ -19,9 +19,9 @@
 -- Raises unless, for every i, tok[i] is the latest token of resource res[i]
 -- (FN002 when tok[i] is NULL, FN003 when res[i] was never granted or is
 -- NULL, FN001 when tok[i] is older), and keeps every grant of res from
--- committing until the transaction ends: by the resources' gates (a
--- statement over a few resources under READ COMMITTED) or by locking their
--- lease rows FOR KEY SHARE (every other statement).
+-- committing until the transaction ends by locking their lease rows FOR KEY
+-- SHARE. (The gates a small statement takes are the guard's business:
+-- fence._rows_source.)
 --
 -- Why that is guarantee 3 per resource, and why row locks rather than one
 -- advisory lock per resource (the lock table), is in docs/design.md,
@@ -38,41 +38,12 @@ DECLARE
     found_n bigint;
     stale   boolean;
     bad     record;
-    gates   text := current_setting('fence._gates', true);
-    held    integer;
-    gated   boolean := false;
 BEGIN
-    -- A statement over a few resources takes their gates in share mode (in
-    -- key order), while the transaction holds at most 64 (counted in
-    -- fence._gates): under READ COMMITTED that is the whole check (gate,
-    -- then a read), and a waiting grant queues new writers behind it.
-    -- Otherwise the lease rows are locked FOR KEY SHARE. docs/design.md,
-    -- "Per-row resources" (the lock budget, fairness).
-    IF cardinality(res) <= 16 THEN
-        held := CASE WHEN gates ~ '^[0-9]{1,4}$' THEN gates::integer WHEN coalesce(gates, '') = '' THEN 0 ELSE 64 END;
-        IF held + cardinality(res) <= 64 THEN
-            IF cardinality(res) = 1 AND res[1] IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock_shared(fence._gate_key(res[1]));
-            ELSE
-                PERFORM pg_advisory_xact_lock_shared(k)
-                   FROM (SELECT DISTINCT fence._gate_key(r) AS k FROM unnest(res) AS r WHERE r IS NOT NULL) g ORDER BY k;
-            END IF;
-            PERFORM set_config('fence._gates', (held + cardinality(res))::text, true);
-            gated := true;
-        END IF;
-    END IF;
-    IF gated AND current_setting('transaction_isolation') = 'read committed' THEN
-        SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
-          FROM unnest(res, tok) AS n(r, t),
-               LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource = n.r) l;
-    ELSE
-        -- Lock and compare in one pass: one index probe per resource
-        -- (LATERAL, so that no plan hashes the whole of fence.lease to find
-        -- a few rows).
-        SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
-          FROM unnest(res, tok) AS n(r, t),
-               LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource = n.r FOR KEY SHARE) l;
-    END IF;
+    -- Lock and compare in one pass: one index probe per resource (LATERAL,
+    -- so that no plan hashes the whole of fence.lease to find a few rows).
+    SELECT count(*), coalesce(bool_or(n.t IS DISTINCT FROM l.token), false) INTO found_n, stale
+      FROM unnest(res, tok) AS n(r, t),
+           LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource = n.r FOR KEY SHARE) l;
     IF found_n = cardinality(res) AND NOT stale THEN
         RETURN;
     END IF;
@@ -246,13 +217,17 @@ $s$
     IF rs IS NULL THEN
         RETURN NULL;
     END IF;
-    -- The common case inline (fence._check_many explains it): a few
-    -- resources under READ COMMITTED, their gates in share mode, then a read
-    -- with a snapshot taken after them. Everything else, and every failure
-    -- (for its error), goes to fence._check_many.
+    -- A statement over a few resources takes their gates in share mode (in
+    -- key order), while the transaction holds at most 64 (counted in
+    -- fence._gates; a forged count only moves statements to the row locks):
+    -- a waiting grant then queues new writers behind it, and under READ
+    -- COMMITTED the gates are the whole check (a read after them sees every
+    -- grant that committed before, and none can commit until we end).
+    -- Everything else, and every failure (for its error), goes to
+    -- fence._check_many, which locks the lease rows. docs/design.md,
+    -- "Per-row resources" (the lock budget, fairness).
     n := pg_catalog.cardinality(rs);
-    IF n OPERATOR(pg_catalog.<=) 16
-       AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+    IF n OPERATOR(pg_catalog.<=) 16 THEN
         reg := pg_catalog.current_setting('fence._gates', true);
         held := CASE WHEN reg OPERATOR(pg_catalog.~) '^[0-9]{1,4}$' THEN reg::pg_catalog.int4
                      WHEN COALESCE(reg, '') OPERATOR(pg_catalog.=) '' THEN 0 ELSE 64 END;
@@ -264,11 +239,13 @@ $s$
                    FROM (SELECT DISTINCT fence._gate_key(u.r) AS k FROM pg_catalog.unnest(rs) AS u(r)) g ORDER BY g.k;
             END IF;
             PERFORM pg_catalog.set_config('fence._gates', (held OPERATOR(pg_catalog.+) n)::pg_catalog.text, true);
-            SELECT pg_catalog.count(*), pg_catalog.bool_or(u.t IS NULL OR u.t OPERATOR(pg_catalog.<>) l.token) INTO found_n, stale
-              FROM ROWS FROM (pg_catalog.unnest(rs), pg_catalog.unnest(ts)) AS u(r, t),
-                   LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) u.r) l;
-            IF found_n OPERATOR(pg_catalog.=) n AND NOT stale THEN
-                RETURN NULL;
+            IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+                SELECT pg_catalog.count(*), pg_catalog.bool_or(u.t IS NULL OR u.t OPERATOR(pg_catalog.<>) l.token) INTO found_n, stale
+                  FROM ROWS FROM (pg_catalog.unnest(rs), pg_catalog.unnest(ts)) AS u(r, t),
+                       LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) u.r) l;
+                IF found_n OPERATOR(pg_catalog.=) n AND NOT stale THEN
+                    RETURN NULL;
+                END IF;
             END IF;
         END IF;
     END IF;
