@@ -294,10 +294,22 @@ func TestGrantWaitsForOpenGuardedTransaction(t *testing.T) {
 func TestGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx, db := b.ctx, b.db.Pool
-	tok, err := sqlfuncs.Revoke(ctx, db, "starve")
+	tok, err := sqlfuncs.Revoke(b.ctx, b.db.Pool, "starve")
 	require.NoError(t, err)
+	revokeUnderOverlappingWriters(t, b, "starve", tok, func(ctx context.Context, tx pgx.Tx) error {
+		return sqlfuncs.Check(ctx, tx, "starve", tok)
+	})
+}
 
+// revokeUnderOverlappingWriters runs three writers whose transactions
+// (write, then 0.3 s of sleep) overlap without a break, revokes resource
+// (whose latest token is tok) with fence.grant_wait = 500ms meanwhile, and
+// requires the revoke to return, granted or busy, long before the writers
+// stop: a grant may wait for the writers that were already in, not for the
+// stream of them.
+func revokeUnderOverlappingWriters(t *testing.T, b *bundle, resource string, tok int64, write func(context.Context, pgx.Tx) error) {
+	t.Helper()
+	ctx := b.ctx
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range 3 {
@@ -306,7 +318,7 @@ func TestGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
 			time.Sleep(time.Duration(i) * 100 * time.Millisecond) // overlap the three
 			for wctx.Err() == nil {
 				_ = pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
-					if err := sqlfuncs.Check(wctx, tx, "starve", tok); err != nil {
+					if err := write(wctx, tx); err != nil {
 						return err
 					}
 					_, err := tx.Exec(wctx, `SELECT pg_sleep(0.3)`)
@@ -318,13 +330,13 @@ func TestGrantWaitIsBoundedUnderOverlappingWriters(t *testing.T) {
 	defer func() { stop(); wg.Wait() }()
 
 	granter := b.db.Conn(t)
-	_, err = granter.Exec(ctx, `SET fence.grant_wait = '500ms'`)
+	_, err := granter.Exec(ctx, `SET fence.grant_wait = '500ms'`)
 	require.NoError(t, err)
 	time.Sleep(400 * time.Millisecond) // let the writers overlap first
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second) // without a fair gate it would wait for the writers forever
 	defer cancel()
-	newTok, err := sqlfuncs.Revoke(rctx, granter, "starve")
+	newTok, err := sqlfuncs.Revoke(rctx, granter, resource)
 	took := time.Since(start)
 	// The revoke either got in (after the writers that were already in) or
 	// gave up as busy; it must not wait for the stream of writers to end.
