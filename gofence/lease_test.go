@@ -299,11 +299,13 @@ func TestReadersDoNotWaitForARetryingRelease(t *testing.T) {
 	proxy.Freeze()
 	defer proxy.Thaw()
 	proxy.Kill() // the pooled connection breaks; the retry's new one hangs
+	opened := proxy.Opened()
 	releaseCtx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()
 	released := make(chan error, 1)
 	go func() { released <- l.Release(releaseCtx) }()
-	time.Sleep(300 * time.Millisecond) // Release is in its retry loop by now
+	// Release is in its retry loop once it has opened a new connection.
+	require.Eventually(t, func() bool { return proxy.Opened() > opened }, 5*time.Second, 5*time.Millisecond)
 
 	type reading struct{ deadline, expiresAt time.Time }
 	read := make(chan reading, 1)

@@ -21,6 +21,7 @@ type Proxy struct {
 	frozen bool
 	conns  map[net.Conn]struct{}
 	closed bool
+	opened int // connections accepted and forwarded so far
 }
 
 // NewProxy listens on a free loopback port and forwards to the host and port
@@ -64,6 +65,15 @@ func (p *Proxy) Thaw() {
 	p.mu.Unlock()
 }
 
+// Opened is the number of connections the proxy has accepted and forwarded
+// so far (also while frozen: a client's new connection is accepted, and then
+// hangs), so that a test can wait for a client to have reconnected.
+func (p *Proxy) Opened() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.opened
+}
+
 // Kill closes every connection the proxy carries (both sides see a reset).
 func (p *Proxy) Kill() {
 	p.mu.Lock()
@@ -102,6 +112,7 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.opened++
 		p.mu.Unlock()
 		go p.pipe(client, server)
 		go p.pipe(server, client)
