@@ -188,7 +188,6 @@ END
 $$;
 DROP FUNCTION fence.protect_rows(regclass, name, text, name);
 DROP FUNCTION fence._rows_function(name, name);
-DROP FUNCTION fence._rows_body(name, name);
 DROP FUNCTION fence._rows_source(name, name);
 DROP FUNCTION fence._rows_truncate();
 DROP FUNCTION fence._check_many(text[], bigint[], text, oid);

@@ -126,7 +126,7 @@ $$;
 CREATE FUNCTION fence._rows_source(rcol name, tcol name) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $f$
-    SELECT pg_catalog.replace(pg_catalog.replace(pg_catalog.concat(
+    SELECT pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.concat(
 $s$
 #variable_conflict use_variable
 DECLARE
@@ -255,17 +255,11 @@ END
 $s$),
         '@NT@', CASE WHEN tcol IS NOT NULL THEN 'n.@T@'
                      ELSE '(regj OPERATOR(pg_catalog.->>) ((pre OPERATOR(pg_catalog.||) n.@R@::pg_catalog.text) COLLATE pg_catalog."C"))::pg_catalog.int8' END),
-        '@R@', pg_catalog.quote_ident(rcol))
+        '@R@', pg_catalog.quote_ident(rcol)),
+        -- @T@ occurs only with a token column (in @NT@'s expansion too, so
+        -- this replace comes last)
+        '@T@', COALESCE(pg_catalog.quote_ident(tcol), ''))
 $f$;
-
--- The source with @T@ filled in (a separate step: @NT@ above expands to text
--- that contains @T@ and @R@).
-CREATE FUNCTION fence._rows_body(rcol name, tcol name) RETURNS text
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT CASE WHEN tcol IS NULL THEN fence._rows_source(rcol, tcol)
-                ELSE pg_catalog.replace(fence._rows_source(rcol, tcol), '@T@', pg_catalog.quote_ident(tcol)) END
-$$;
 
 -- The per-row guard for resource column rcol and token column tcol:
 -- fence._rows_<md5>(), created on first use. SECURITY DEFINER for the same
@@ -283,9 +277,9 @@ BEGIN
     PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
     fn := to_regprocedure(format('fence.%I()', fname));
     IF fn IS NULL THEN
-        EXECUTE format('CREATE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._rows_body(rcol, tcol));
+        EXECUTE format('CREATE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._rows_source(rcol, tcol));
         EXECUTE format('COMMENT ON FUNCTION fence.%I() IS %L', fname,
-                       format('pgfence guard of per-row tables whose resource column is %I and token column %s (body: fence._rows_body(%L, %L))',
+                       format('pgfence guard of per-row tables whose resource column is %I and token column %s (body: fence._rows_source(%L, %L))',
                               rcol, coalesce(quote_ident(tcol), 'none'), rcol, tcol));
         EXECUTE format('REVOKE ALL ON FUNCTION fence.%I() FROM PUBLIC', fname);
         fn := format('fence.%I()', fname)::regprocedure;
