@@ -24,9 +24,10 @@ func pooledPool(t *testing.T, b *bundle, pb *pgtest.PgBouncer, mode string) *pgx
 	return pool
 }
 
-// TestThroughPgBouncer: TTL leases, Lease.Tx, Do and Lock work through
-// PgBouncer in transaction mode with a pool in a query execution mode that
-// sends no named prepared statements; session leases refuse.
+// TestThroughPgBouncer: TTL leases, Lease.Tx (with several leases on a table
+// protected per row too), Do and Lock work through PgBouncer in transaction
+// mode with a pool in a query execution mode that sends no named prepared
+// statements; session leases refuse.
 func TestThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -74,6 +75,38 @@ func TestThroughPgBouncer(t *testing.T) {
 			_ = old.Release(ctx)
 		})
 	}
+
+	t.Run("per-row leases, several in one Tx", func(t *testing.T) {
+		pool := pooledPool(t, b, pb, "exec")
+		c := b.client(t, pool, gofence.Config{TTL: time.Minute})
+		ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+		defer cancel()
+		_, err := b.db.Pool.Exec(ctx, `CREATE TABLE inv (id int PRIMARY KEY, note text, tok bigint)`)
+		require.NoError(t, err)
+		require.NoError(t, c.ProtectRows(ctx, "inv", "id", "inv:", "tok"))
+		l1, err := c.Acquire(ctx, "inv:1")
+		require.NoError(t, err)
+		l2, err := c.Acquire(ctx, "inv:2")
+		require.NoError(t, err)
+		for range 5 { // more rounds than PgBouncer has server connections
+			require.NoError(t, l1.Tx(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO inv VALUES (1, 'a', $1), (2, 'b', $2)
+					ON CONFLICT (id) DO UPDATE SET note = excluded.note, tok = excluded.tok`, l1.Token(), l2.Token())
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, `DELETE FROM inv WHERE id = 2`) // by the registered token of inv:2
+				return err
+			}, l2))
+		}
+		// inv:1 taken over: its row refuses the old token, inv:2's does not.
+		_, err = sqlfuncs.Revoke(ctx, b.db.Pool, "inv:1")
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE inv SET note = 'stale', tok = $1 WHERE id = 1`, l1.Token())
+		require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrStaleToken)
+		_, err = pool.Exec(ctx, `INSERT INTO inv VALUES (2, 'b', $1)`, l2.Token())
+		require.NoError(t, err)
+	})
 
 	t.Run("Lock gets the lease by polling when LISTEN is useless", func(t *testing.T) {
 		pool := pooledPool(t, b, pb, "exec")
