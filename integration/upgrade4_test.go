@@ -29,12 +29,7 @@ func TestUpgradeFrom003ToPerRow(t *testing.T) {
 		_, err := db.Pool.Exec(ctx, sql, args...)
 		require.NoError(t, err, sql)
 	}
-	kitFunctions := func() string {
-		t.Helper()
-		return queryString(t, ctx, db.Pool, `SELECT string_agg(f, ',' ORDER BY f) FROM (
-			SELECT p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || coalesce(p.proacl::text, '') AS f
-			  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace) q`)
-	}
+	kitFunctions := func() string { return kitCatalog(t, ctx, db.Pool) }
 	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 3))
 	require.NoError(t, sqlfuncs.GrantUsage(ctx, db.Pool, app, false))
 	super(`GRANT CREATE ON SCHEMA public TO ` + id(app))

@@ -40,6 +40,21 @@ func protectedRows(t *testing.T, ctx context.Context, db sqlfuncs.Querier) []str
 	return got
 }
 
+// kitCatalog describes schema fence as the migrations left it, one line per
+// function (signature, body, privileges, SECURITY DEFINER, settings) and per
+// constraint (table, name): a down migration must give back exactly what the
+// version below had.
+func kitCatalog(t *testing.T, ctx context.Context, db sqlfuncs.DB) string {
+	t.Helper()
+	return queryString(t, ctx, db, `SELECT string_agg(f, E'\n' ORDER BY f) FROM (
+		SELECT p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || coalesce(p.proacl::text, '') || ' ' ||
+		       p.prosecdef::text || ' ' || coalesce(p.proconfig::text, '') AS f
+		  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace
+		UNION ALL
+		SELECT 'constraint ' || c.conrelid::regclass::text || ' ' || c.conname
+		  FROM pg_constraint c WHERE c.connamespace = 'fence'::regnamespace) q`)
+}
+
 // writeWithToken runs stmt in a transaction that first registers tok for res
 // with fence.use_token; the transaction is rolled back on any failure.
 func writeWithToken(ctx context.Context, conn *pgx.Conn, res string, tok int64, stmt string, args ...any) error {

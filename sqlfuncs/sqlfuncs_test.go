@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -287,4 +288,50 @@ func TestVersion(t *testing.T) {
 	require.ErrorIs(t, err, sqlfuncs.ErrNotInstalled)
 	require.Contains(t, err.Error(), "pgfence migrate up")
 	requireCode(t, err, "3F000")
+}
+
+// TestSideEffectFreeHelpersAreInlined: the grant's SQL helpers cost no
+// function call because the planner inlines them (docs/design.md, "How the
+// grant is put together"). A SET clause, SECURITY DEFINER, a change of
+// language or of volatility class would stop that silently; this test
+// reads the plan and fails instead.
+func TestSideEffectFreeHelpersAreInlined(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, q := range []string{
+		`SELECT fence._force_durable()`,
+		`SELECT fence._state_epoch(e) FROM fence.epoch_state e`,
+		`SELECT fence._grant_wait()`,
+	} {
+		rows, err := b.db.Pool.Query(b.ctx, `EXPLAIN (VERBOSE, COSTS OFF) `+q)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		plan := strings.Join(lines, "\n")
+		require.NotContains(t, plan, "_force_durable", q)
+		require.NotContains(t, plan, "_state_epoch", q)
+		require.NotContains(t, plan, "_grant_wait", q)
+		require.Contains(t, plan, "CASE WHEN", "%s: the helper's body is in the plan", q)
+	}
+}
+
+// TestEveryConstraintHasAMigrationsName: every constraint in schema fence
+// has the name a migration gave it (docs/sql.md, "What the migrations
+// install"), so that a later migration can name what it changes.
+func TestEveryConstraintHasAMigrationsName(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rows, err := b.db.Pool.Query(b.ctx, `
+		SELECT c.conrelid::regclass::text || ' ' || c.conname FROM pg_constraint c
+		 WHERE c.connamespace = 'fence'::regnamespace ORDER BY 1`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"fence.epoch_state epoch_state_one_row",
+		"fence.epoch_state epoch_state_pkey",
+		"fence.lease lease_durable",
+		"fence.lease lease_durable_update",
+		"fence.lease lease_pkey",
+	}, names)
 }
