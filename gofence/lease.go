@@ -296,6 +296,13 @@ func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
 	sent := time.Now()
 	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.t.ttl)
 	if err != nil {
+		if ctx.Err() == nil && !time.Now().Before(deadline) {
+			// The trust deadline passed while the renewal was in flight: the
+			// lease is lost, whichever of this call and the loss timer
+			// notices first.
+			l.trustDeadlinePassed()
+			return sent, l.Err()
+		}
 		return sent, err
 	}
 	if !ok {

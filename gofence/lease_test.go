@@ -200,6 +200,32 @@ func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
 	require.True(t, b.serverLive(t, "job"), "and it did not touch B's lease")
 }
 
+// TestRenewThatOutlastsTheTrustDeadlineReportsLoss: a Renew still waiting
+// for the server when the local trust deadline passes returns ErrLost (the
+// lease is lost at that instant), not the timeout of its own call.
+// TestSustainedLoad met the timeout on a loaded machine: the call's deadline
+// and the loss timer fire at the same instant, and when the timer's
+// goroutine ran late Renew saw no loss yet. renewOnce now declares the loss
+// itself; here the timer usually wins, so this test guards the contract
+// rather than replaying that race.
+func TestRenewThatOutlastsTheTrustDeadlineReportsLoss(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 2 * time.Second, RenewInterval: time.Second, SafetyMargin: 600 * time.Millisecond})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+
+	proxy.Freeze()
+	defer proxy.Thaw()
+	start := time.Now()
+	err = l.Renew(b.ctx)
+	require.ErrorIs(t, err, gofence.ErrLost, "%v", err)
+	require.ErrorContains(t, err, "trust deadline")
+	require.Less(t, time.Since(start), 2*time.Second, "the renewal ends at the trust deadline (1.4s after the grant)")
+}
+
 // TestReleaseRetryAfterALostReply: a release that timed out in a partition
 // may still reach the server late, after someone else was granted the lease;
 // neither that late copy nor the retry may touch the newer lease, and the

@@ -316,8 +316,8 @@ func TestSideEffectFreeHelpersAreInlined(t *testing.T) {
 }
 
 // TestEveryConstraintHasAMigrationsName: every constraint in schema fence
-// has the name a migration gave it (docs/sql.md, "What the migrations
-// install"), so that a later migration can name what it changes.
+// has the name a migration gave it (docs/sql.md §5, after the views), so
+// that a later migration can name what it changes.
 func TestEveryConstraintHasAMigrationsName(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,7 +177,7 @@ func TestMigrateDownChecksFirst(t *testing.T) {
 	require.Contains(t, errOut, "pgfence unprotect TABLE")
 	unchanged(t)
 
-	code, _, errOut = run(t, "migrate", "down", "5", "--yes", url)
+	code, _, errOut = run(t, "migrate", "down", strconv.Itoa(migrations.Latest+1), "--yes", url)
 	require.Equal(t, cli.ExitError, code, errOut)
 	require.Contains(t, errOut, fmt.Sprintf("only %d applied", migrations.Latest))
 	unchanged(t)
