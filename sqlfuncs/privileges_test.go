@@ -261,7 +261,11 @@ func TestApplicationRolePrivileges(t *testing.T) {
 // except the three of migration 3 that a caller's rights cannot do
 // (fence._guard_function creates a guard whose body is a pure function of
 // its argument, fence._token_floor reads the token counter,
-// fence._raise_floor moves the epoch and is for operators only); and
+// fence._raise_floor moves the epoch and is for operators only), the two of
+// migration 4 (fence._rows_function as fence._guard_function,
+// fence._check_many locks lease rows), and fence._durable since migration 5
+// (a deferred trigger runs as whoever commits, and it calls
+// fence._force_durable, which application roles may not call); and
 // nothing is executable by PUBLIC. The exception to pinning is the row
 // guards (migrations 002 and 003): they run with the writer's rights and
 // qualify every name and operator themselves, which
@@ -287,7 +291,8 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		 WHERE p.pronamespace = 'fence'::regnamespace AND p.proname LIKE '\_%' AND p.prosecdef
 		   AND p.oid NOT IN ('fence._guard_function(name)'::regprocedure, 'fence._token_floor()'::regprocedure,
 		                     'fence._raise_floor(bigint)'::regprocedure, 'fence._rows_function(name, name)'::regprocedure,
-		                     'fence._check_many(text[], bigint[], text, oid)'::regprocedure)`)
+		                     'fence._check_many(text[], bigint[], text, oid)'::regprocedure,
+		                     'fence._durable()'::regprocedure)`)
 	require.NoError(t, err)
 	definers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
