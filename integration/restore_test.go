@@ -127,3 +127,37 @@ func TestDumpRestoreIntoSameCluster(t *testing.T) {
 	t.Logf("%s: tokens on the source %v, first grant on the restored copy %d", res, granted.all(res), tok)
 	requireAbove(t, granted, res, tok, "after a restore into the same cluster")
 }
+
+// TestForgedSystemIdentifierSettingDoesNotHideARestore: a restored copy is
+// recognised by its state row (fence.epoch_state), which names the cluster
+// it was written on by its system identifier. Up to migration 5 the grant's
+// unlocked fast path compared that identifier with a per-session cache kept
+// in the setting fence._system_identifier, which any role can SET. A role
+// that set it to the source cluster's identifier (pg_control_system() is
+// readable by every role there) kept a data-only restore into an identically
+// migrated fresh cluster (same OID of fence.epoch_state, same timeline) on
+// the source's epoch, and could be granted tokens the source had granted
+// after the dump. The restore is simulated by writing another identifier
+// into the state row; the forging session is an application role with
+// usage.
+func TestForgedSystemIdentifierSettingDoesNotHideARestore(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	db := pgtest.Setup(t)
+	app := pgtest.NewRole(t, "app")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, db.Pool, app, false))
+	appConn := connect(t, ctx, db.URLAs(app), false)
+
+	first := mustAcquire(t, ctx, appConn, "forge/a", "app")
+	var source int64
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		`UPDATE fence.epoch_state SET system_identifier = system_identifier + 1 RETURNING system_identifier`).Scan(&source))
+	_, err := appConn.Exec(ctx, `SELECT set_config('fence._system_identifier', $1::bigint::text, false)`, source)
+	require.NoError(t, err)
+
+	second := mustAcquire(t, ctx, appConn, "forge/b", "app")
+	require.Greater(t, epochOf(second), epochOf(first),
+		"the state row names another cluster: the grant moves to a new epoch, whatever the session's settings say")
+	require.Equal(t, systemIdentifier(t, ctx, appConn), readEpochState(t, ctx, db.Pool).sysid,
+		"and the state row names this cluster again")
+}

@@ -22,7 +22,8 @@ import (
 // releases (its commits run fence._durable, which now calls a helper the
 // role has no EXECUTE on); and the down gives back exactly version 4's
 // functions, privileges and constraint names, after which the role still
-// grants and a second upgrade applies.
+// grants and a second upgrade applies. Migration 6 then replaces two pieces
+// under the same session, and its down gives back version 5.
 func TestUpgradeFrom004ToSmallPieces(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
@@ -98,5 +99,18 @@ func TestUpgradeFrom004ToSmallPieces(t *testing.T) {
 
 	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 5))
 	require.Equal(t, v5, kitCatalog(t, ctx, db.Pool), "a second upgrade gives the same schema")
-	require.Greater(t, acquire("job:5"), j4)
+	j5 := acquire("job:5")
+	require.Greater(t, j5, j4)
+
+	// Migration 6 replaces two of the pieces (fence._system_identifier and
+	// fence._state_epoch) under the same open session, whose cached plans
+	// inlined the old fence._state_epoch: grants go on above, and its down
+	// gives back version 5.
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 6))
+	j6 := acquire("job:6")
+	require.Greater(t, j6, j5)
+	require.Equal(t, epochOf(j5), epochOf(j6), "no restore here: the epoch stays")
+	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 5))
+	require.Equal(t, v5, kitCatalog(t, ctx, db.Pool), "the down of 6 restores version 5")
+	require.Greater(t, acquire("job:7"), j6)
 }

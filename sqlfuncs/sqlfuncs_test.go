@@ -311,6 +311,8 @@ func TestSideEffectFreeHelpersAreInlined(t *testing.T) {
 		require.NotContains(t, plan, "_force_durable", q)
 		require.NotContains(t, plan, "_state_epoch", q)
 		require.NotContains(t, plan, "_grant_wait", q)
+		require.NotContains(t, plan, "_system_identifier", q,
+			"fence._system_identifier() is evaluated when the plan is made, and no setting takes its place")
 		require.Contains(t, plan, "CASE WHEN", "%s: the helper's body is in the plan", q)
 	}
 }
