@@ -33,7 +33,9 @@
 -- 001 left the names of three constraints to PostgreSQL, and 002 dropped
 -- five by the names PostgreSQL had generated. From here on every constraint
 -- in schema fence has a name a migration chose; they are found here by what
--- they are, not by a generated name.
+-- they are, not by a generated name. (NOT NULL constraints, which
+-- PostgreSQL 18 also lists with generated names, are changed by column,
+-- never by name: ALTER COLUMN works on every version.)
 DO $$
 DECLARE
     want record;
