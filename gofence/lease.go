@@ -229,6 +229,14 @@ func (l *Lease) lose(reason string, err error) {
 	l.c.log.Warn("pgfence: lease lost", "resource", l.resource, "token", l.token, "reason", cause.Error())
 }
 
+// trustDeadlineIsPast reports whether the current trust deadline (which a
+// concurrent renewal may have moved) has passed.
+func (l *Lease) trustDeadlineIsPast() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !time.Now().Before(l.deadline)
+}
+
 func (l *Lease) trustDeadlinePassed() {
 	l.lose("no renewal succeeded before the local trust deadline (acquire or last renew sent + TTL - SafetyMargin)", nil)
 }
@@ -296,10 +304,10 @@ func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
 	sent := time.Now()
 	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.t.ttl)
 	if err != nil {
-		if ctx.Err() == nil && !time.Now().Before(deadline) {
-			// The trust deadline passed while the renewal was in flight: the
-			// lease is lost, whichever of this call and the loss timer
-			// notices first.
+		if ctx.Err() == nil && l.trustDeadlineIsPast() {
+			// The trust deadline passed while the renewal was in flight
+			// (and no other renewal moved it meanwhile): the lease is lost,
+			// whichever of this call and the loss timer notices first.
 			l.trustDeadlinePassed()
 			return sent, l.Err()
 		}

@@ -24,7 +24,9 @@
 -- inlines (an inlined function costs no call; a PL/pgSQL call costs about a
 -- microsecond here); the ones that catch errors or keep state are PL/pgSQL.
 -- Like every internal helper they carry no SET search_path (they run inside
--- entry points that pin it) and qualify every name and operator.
+-- entry points that pin it) and qualify every name and operator
+-- (fence._state_epoch inlines 001's fence._timeline, whose body is not
+-- qualified: it is safe only inside those pinned entry points, as it was).
 
 -- ---------------------------------------------------------------------------
 -- Constraints: names a migration chose
