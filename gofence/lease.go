@@ -292,42 +292,62 @@ func (l *Lease) renewUntilDeadline() (time.Time, error) {
 	}
 }
 
-// renewOnce sends one renewal, never waiting past the trust deadline, and
+// renewOnce renews the lease, never waiting past the trust deadline, and
 // moves the deadline when it succeeds. A NULL answer (the server no longer
-// has this lease live) loses the lease at once.
+// has this lease live) loses the lease at once. A call that runs into the
+// deadline loses the lease, unless another renewal (the keepalive beside a
+// caller's Renew) moved the deadline meanwhile: then the lease is alive and
+// the renewal is sent again, bounded by the new deadline.
 func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
-	l.mu.Lock()
-	deadline := l.deadline
-	l.mu.Unlock()
+	for {
+		l.mu.Lock()
+		deadline := l.deadline
+		l.mu.Unlock()
+		if err := l.Err(); err != nil {
+			return time.Now(), err
+		}
+		sent, retry, err := l.renewBefore(ctx, deadline)
+		if !retry {
+			return sent, err
+		}
+	}
+}
+
+// renewBefore sends one renewal bounded by deadline; retry is true when the
+// call ran into deadline and a later deadline has been set since.
+func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.Time, retry bool, err error) {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	sent := time.Now()
+	sent = time.Now()
 	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.t.ttl)
 	if err != nil {
-		if ctx.Err() == nil && l.trustDeadlineIsPast() {
-			// The trust deadline passed while the renewal was in flight
-			// (and no other renewal moved it meanwhile): the lease is lost,
-			// whichever of this call and the loss timer notices first.
-			l.trustDeadlinePassed()
-			return sent, l.Err()
+		if ctx.Err() != nil || rctx.Err() == nil {
+			return sent, false, err // the caller's ctx, or a failure of its own
 		}
-		return sent, err
+		if !l.trustDeadlineIsPast() {
+			return sent, true, err
+		}
+		// The trust deadline passed while the renewal was in flight: the
+		// lease is lost, whichever of this call and the loss timer notices
+		// first.
+		l.trustDeadlinePassed()
+		return sent, false, l.Err()
 	}
 	if !ok {
 		l.lose("the server no longer has this lease live (it expired, was released, revoked or superseded)", nil)
-		return sent, l.Err()
+		return sent, false, l.Err()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
-		return sent, l.Err() // the deadline passed while we waited: loss is final
+		return sent, false, l.Err() // the deadline passed while we waited: loss is final
 	}
 	l.expiresAt = exp
 	if d := sent.Add(l.t.ttl - l.t.margin); d.After(l.deadline) {
 		l.deadline = d
 		l.lossTimer.Reset(time.Until(d))
 	}
-	return sent, nil
+	return sent, false, nil
 }
 
 // checkSession pings the dedicated connection of a session lease; a broken
@@ -343,7 +363,9 @@ func (l *Lease) checkSession() {
 
 // Renew renews the lease now, in addition to the background renewals. It
 // returns an error matching ErrLost once the lease is lost, and ErrReleased
-// after Release.
+// after Release. It never waits past the trust deadline: a renewal held up
+// until then loses the lease, unless another renewal moved the deadline
+// meanwhile, in which case it is sent again under the new one.
 func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err

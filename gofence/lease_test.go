@@ -226,6 +226,43 @@ func TestRenewThatOutlastsTheTrustDeadlineReportsLoss(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Second, "the renewal ends at the trust deadline (1.4s after the grant)")
 }
 
+// TestRenewHeldUpPastAMovedDeadlineIsSentAgain: a Renew held up (here by a
+// lock on the lease row) past the trust deadline it started under, while
+// another renewal moved the deadline (the keepalive beside a caller's
+// Renew; stood in for by SetTrustDeadline), must neither report the lease
+// lost nor fail with its own timeout: the lease is alive, so the renewal is
+// sent again under the new deadline and succeeds. TestSustainedLoad failed
+// on "renewing load/12: timeout" that way on a loaded machine.
+func TestRenewHeldUpPastAMovedDeadlineIsSentAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: 20 * time.Second, RenewInterval: 10 * time.Second})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+
+	locker, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer locker.Rollback(b.ctx)
+	_, err = locker.Exec(b.ctx, `SELECT 1 FROM fence.lease WHERE resource = 'job' FOR UPDATE`)
+	require.NoError(t, err)
+
+	l.SetTrustDeadline(time.Now().Add(400 * time.Millisecond))
+	done := make(chan error, 1)
+	go func() { done <- l.Renew(b.ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	l.SetTrustDeadline(time.Now().Add(10 * time.Second)) // another renewal succeeded
+	time.Sleep(600 * time.Millisecond)                   // past the deadline the Renew started under
+	require.NoError(t, locker.Rollback(b.ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the lease was alive all along")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Renew did not return")
+	}
+	require.NoError(t, l.Err())
+}
+
 // TestReleaseRetryAfterALostReply: a release that timed out in a partition
 // may still reach the server late, after someone else was granted the lease;
 // neither that late copy nor the retry may touch the newer lease, and the
