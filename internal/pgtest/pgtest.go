@@ -189,6 +189,27 @@ func AdminURL(t testing.TB) string {
 	return requireServer(t).adminURL
 }
 
+// RequireNoDatabases fails the test when the shared server has a database
+// whose name starts with prefix: a program under test (the bench) must drop
+// the scratch databases it made.
+func RequireNoDatabases(t testing.TB, prefix string) {
+	t.Helper()
+	srv := requireServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	var left []string
+	rows, err := srv.admin.Query(ctx, `SELECT datname FROM pg_database WHERE starts_with(datname, $1) ORDER BY 1`, prefix)
+	if err == nil {
+		left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatalf("pgtest: list databases: %v", err)
+	}
+	if len(left) > 0 {
+		t.Fatalf("pgtest: databases left behind: %v", left)
+	}
+}
+
 // URLFor returns base with its database name replaced by dbname, keeping the
 // host, credentials and query parameters. It panics on a URL that does not
 // parse, since harness URLs always do.

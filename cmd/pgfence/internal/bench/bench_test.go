@@ -1,7 +1,6 @@
 package bench_test
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -37,25 +36,15 @@ func connect(t *testing.T, url string) *pgxpool.Pool {
 	return pool
 }
 
-// runJSON runs scenario with smokeOptions on the server of url and returns
-// its report as JSON (what pgfence bench --json prints), after checking that
-// the bench dropped its databases.
-func runJSON(t *testing.T, url, scenario string) []byte {
+// runScenario runs scenario with smokeOptions on the server of url and
+// returns its report, after checking that the bench dropped its databases.
+// (The CLI's bench_test.go checks the JSON that pgfence bench --json prints.)
+func runScenario(t *testing.T, url, scenario string) *bench.Report {
 	t.Helper()
 	r, err := bench.Run(t.Context(), connect(t, url), smokeOptions(scenario))
 	require.NoError(t, err)
-	out, err := json.Marshal(r)
-	require.NoError(t, err)
-	requireNoBenchDatabases(t)
-	return out
-}
-
-func requireNoBenchDatabases(t *testing.T) {
-	t.Helper()
-	db := pgtest.Empty(t)
-	var left int
-	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_database WHERE datname LIKE 'pgfence\_bench\_%'`).Scan(&left))
-	require.Zero(t, left, "the bench dropped its databases")
+	pgtest.RequireNoDatabases(t, "pgfence_bench_") // the bench dropped its databases
+	return r
 }
 
 // TestBenchScaleReturnsOnEveryVersion: the scale scenario asks every

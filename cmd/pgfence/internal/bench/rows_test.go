@@ -1,7 +1,6 @@
 package bench_test
 
 import (
-	"encoding/json"
 	"strconv"
 	"testing"
 
@@ -17,41 +16,7 @@ import (
 // row triggers) or once per statement (the check), each taking part of the
 // guarded statement's execution time. No timing is compared with another.
 func TestBenchRowsScenario(t *testing.T) {
-	out := runJSON(t, pgtest.AdminURL(t), "rows")
-	var r struct {
-		Scenarios []struct {
-			Name        string `json:"name"`
-			Error       string `json:"error"`
-			Comparisons []struct {
-				Name    string `json:"name"`
-				Clients int    `json:"clients"`
-				AOps    struct {
-					Median float64 `json:"median"`
-				} `json:"a_ops_per_sec"`
-				BOps struct {
-					Median float64 `json:"median"`
-				} `json:"b_ops_per_sec"`
-				Ratio struct {
-					Median float64 `json:"median"`
-					Min    float64 `json:"min"`
-					Max    float64 `json:"max"`
-				} `json:"ratio"`
-				Errors int `json:"errors"`
-			} `json:"comparisons"`
-			Facts []struct {
-				Name  string  `json:"name"`
-				Value float64 `json:"value"`
-				Unit  string  `json:"unit"`
-			} `json:"facts"`
-			Targets []struct {
-				Name   string  `json:"name"`
-				Value  float64 `json:"value"`
-				Target string  `json:"target"`
-			} `json:"targets"`
-		} `json:"scenarios"`
-		Errors int `json:"errors"`
-	}
-	require.NoError(t, json.Unmarshal(out, &r), string(out))
+	r := runScenario(t, pgtest.AdminURL(t), "rows")
 	require.Zero(t, r.Errors)
 	require.Len(t, r.Scenarios, 1)
 	s := r.Scenarios[0]

@@ -20,14 +20,6 @@ import (
 // smokeArgs keep each scenario to a second or two.
 var smokeArgs = []string{"--duration", "60ms", "--rounds", "1", "--clients", "1,2", "--big-resources", "2000", "--waiters", "2", "--poll-interval", "20ms"}
 
-func requireNoBenchDatabases(t *testing.T) {
-	t.Helper()
-	db := pgtest.Empty(t)
-	var left int
-	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_database WHERE datname LIKE 'pgfence\_bench\_%'`).Scan(&left))
-	require.Zero(t, left, "the bench dropped its databases")
-}
-
 func TestBenchSmokeTable(t *testing.T) {
 	admin := pgtest.AdminURL(t)
 	charts := t.TempDir()
@@ -50,7 +42,7 @@ func TestBenchSmokeTable(t *testing.T) {
 		require.True(t, strings.HasPrefix(string(svg), "<svg "), f)
 		require.Contains(t, string(svg), "</svg>")
 	}
-	requireNoBenchDatabases(t)
+	pgtest.RequireNoDatabases(t, "pgfence_bench_") // the bench dropped its databases
 }
 
 func TestBenchSmokeJSON(t *testing.T) {
@@ -117,7 +109,7 @@ func TestBenchSmokeJSON(t *testing.T) {
 		require.Contains(t, rt, "round trips per gofence "+op)
 	}
 	require.NotEmpty(t, r.Targets)
-	requireNoBenchDatabases(t)
+	pgtest.RequireNoDatabases(t, "pgfence_bench_") // the bench dropped its databases
 }
 
 func TestBenchRejectsBadFlags(t *testing.T) {

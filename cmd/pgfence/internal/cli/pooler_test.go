@@ -78,5 +78,5 @@ func TestBenchSmokeThroughPgBouncer(t *testing.T) {
 	code, out, errOut := run(t, append([]string{"bench", "--database-url", pb.URL(admin), "--scenario", "grant"}, smokeArgs...)...)
 	require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)
 	require.Contains(t, out, "scenario errors: 0")
-	requireNoBenchDatabases(t)
+	pgtest.RequireNoDatabases(t, "pgfence_bench_") // the bench dropped its databases
 }
