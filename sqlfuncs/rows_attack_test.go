@@ -192,6 +192,24 @@ func attemptRolledBack(ctx context.Context, db interface {
 	return nil, seen
 }
 
+// requireRefusedRolledBack runs at as a subtest: under READ COMMITTED, in a
+// transaction of db that is rolled back, it must fail with one of at.code;
+// when it gets through, the subtest says BYPASS and what read saw of rows
+// (what the attempt aimed at).
+func requireRefusedRolledBack(t *testing.T, ctx context.Context, db interface {
+	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+}, at rowsAttempt, read, rows string) {
+	t.Helper()
+	t.Run(at.name, func(t *testing.T) {
+		err, seen := attemptRolledBack(ctx, db, pgx.ReadCommitted, at.pre, at.sql, read)
+		if err == nil {
+			t.Errorf("BYPASS: went through; %s became: %s", rows, seen)
+			return
+		}
+		requireOneOf(t, err, at.code)
+	})
+}
+
 var isoLevels = []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
 
 // rowsAttempt is one write A tries: pre runs first in the same transaction
@@ -1066,14 +1084,7 @@ func TestRowsNondeterministicCollation(t *testing.T) {
 		{name: "use_token table: DELETE both rows", pre: useMine, sql: `DELETE FROM pcitems`, code: "FN002"},
 		{name: "use_token table: TRUNCATE", pre: useMine, sql: `TRUNCATE pcitems`, code: "FN002"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err, seen := attemptRolledBack(ctx, f.aPool, pgx.ReadCommitted, tc.pre, tc.sql, read)
-			if err == nil {
-				t.Errorf("BYPASS: went through; B's row of user:Alice (before: %s) became: %s", before, seen)
-				return
-			}
-			requireOneOf(t, err, tc.code)
-		})
+		requireRefusedRolledBack(t, ctx, f.aPool, tc, read, "B's row of user:Alice (before: "+before+")")
 	}
 }
 
@@ -1108,14 +1119,8 @@ func TestRowsChildTableCreatedLater(t *testing.T) {
 		{name: "use_token table: UPDATE through the parent", sql: `UPDATE pitems SET val = 'stale' WHERE id = 21`, code: "42809"},
 		{name: "token-less UPDATE through the parent", sql: `UPDATE items SET val = 'stale' WHERE id = 21`, code: "42809"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err, seen := attemptRolledBack(ctx, f.aPool, pgx.ReadCommitted, nil, f.sql(tc.sql), read)
-			if err == nil {
-				t.Errorf("BYPASS: went through; B's row in the child (before: %s) became: %s", before, seen)
-				return
-			}
-			requireOneOf(t, err, tc.code)
-		})
+		tc.sql = f.sql(tc.sql)
+		requireRefusedRolledBack(t, ctx, f.aPool, tc, read, "B's row in the child (before: "+before+")")
 	}
 }
 
