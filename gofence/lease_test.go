@@ -247,12 +247,14 @@ func TestRenewHeldUpPastAMovedDeadlineIsSentAgain(t *testing.T) {
 	_, err = locker.Exec(b.ctx, `SELECT 1 FROM fence.lease WHERE resource = 'job' FOR UPDATE`)
 	require.NoError(t, err)
 
-	l.SetTrustDeadline(time.Now().Add(400 * time.Millisecond))
+	started := time.Now().Add(2 * time.Second)
+	l.SetTrustDeadline(started)
 	done := make(chan error, 1)
 	go func() { done <- l.Renew(b.ctx) }()
-	time.Sleep(100 * time.Millisecond)
-	l.SetTrustDeadline(time.Now().Add(10 * time.Second)) // another renewal succeeded
-	time.Sleep(600 * time.Millisecond)                   // past the deadline the Renew started under
+	waitForQuery(t, b.db, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%fence.renew%')`)
+	l.SetTrustDeadline(time.Now().Add(20 * time.Second))   // another renewal succeeded
+	time.Sleep(time.Until(started) + 200*time.Millisecond) // past the deadline the Renew started under
 	require.NoError(t, locker.Rollback(b.ctx))
 	select {
 	case err := <-done:
