@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,36 +27,6 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// catalogQuery describes everything the kit installs, so two installs can be
-// compared: functions (with a hash of their bodies, security, settings and
-// privileges), relations, columns, constraints, triggers, views, the schema's
-// privileges, and the golang-migrate version row. The row guards that
-// fence.protect generates per token-column name (migration 3) are not the
-// migrations' own objects; generatedGuards counts them.
-const catalogQuery = `
-SELECT 'function ' || p.oid::regprocedure || ' ' || md5(p.prosrc) || ' definer=' || p.prosecdef
-       || ' config=' || coalesce(p.proconfig::text, '') || ' acl=' || coalesce(p.proacl::text, '')
-  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace AND p.proname !~ '^_guard_[0-9a-f]{32}$'
-UNION ALL
-SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' acl=' || coalesce(c.relacl::text, '') || ' options=' || coalesce(c.reloptions::text, '')
-  FROM pg_class c WHERE c.relnamespace = 'fence'::regnamespace
-UNION ALL
-SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull
-  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
- WHERE c.relnamespace = 'fence'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
-UNION ALL
-SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'fence'::regnamespace
-UNION ALL
-SELECT 'trigger ' || pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
- WHERE c.relnamespace = 'fence'::regnamespace
-UNION ALL
-SELECT 'view ' || viewname || ' ' || md5(definition) FROM pg_views WHERE schemaname = 'fence'
-UNION ALL
-SELECT 'schema acl=' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspname = 'fence'
-UNION ALL
-SELECT 'version ' || version || ' dirty=' || dirty FROM fence_schema_migrations
-ORDER BY 1`
 
 // allowDowngrade is a pool on url whose sessions set fence.allow_downgrade,
 // which migration 3's down checks before it steps below 3 with leases.
@@ -78,14 +50,15 @@ func generatedGuards(t *testing.T, ctx context.Context, db *pgxpool.Pool) int {
 	return n
 }
 
+// catalog is pgtest.KitCatalog without the row guards that fence.protect
+// generates per token-column name (migration 3): they are not the
+// migrations' own objects; generatedGuards counts them.
 func catalog(t *testing.T, ctx context.Context, db *pgxpool.Pool) []string {
 	t.Helper()
-	rows, err := db.Query(ctx, catalogQuery)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return lines
+	return slices.DeleteFunc(pgtest.KitCatalog(t, ctx, db), generatedGuard.MatchString)
 }
+
+var generatedGuard = regexp.MustCompile(`^function fence\._guard_[0-9a-f]{32}\(`)
 
 // appObjects creates what an application already has in its database,
 // including its own golang-migrate table, and returns a query whose answer

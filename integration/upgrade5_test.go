@@ -52,14 +52,14 @@ func TestUpgradeFrom004ToSmallPieces(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	v4 := kitCatalog(t, ctx, db.Pool)
-	require.Contains(t, v4, "constraint fence.epoch_state epoch_state_one_check", "the name PostgreSQL gave in 001")
+	require.Contains(t, v4, "constraint epoch_state_one_check CHECK (one)", "the name PostgreSQL gave in 001")
 
 	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 5))
 	v, err := sqlfuncs.Version(ctx, appConn)
 	require.NoError(t, err)
 	require.Equal(t, 5, v)
 	v5 := kitCatalog(t, ctx, db.Pool)
-	require.Contains(t, v5, "constraint fence.epoch_state epoch_state_one_row")
+	require.Contains(t, v5, "constraint epoch_state_one_row CHECK (one)")
 	require.NotContains(t, v5, "epoch_state_one_check")
 
 	// The leases granted at version 4 are still the latest.

@@ -40,19 +40,11 @@ func protectedRows(t *testing.T, ctx context.Context, db sqlfuncs.Querier) []str
 	return got
 }
 
-// kitCatalog describes schema fence as the migrations left it, one line per
-// function (signature, body, privileges, SECURITY DEFINER, settings) and per
-// constraint (table, name): a down migration must give back exactly what the
-// version below had.
-func kitCatalog(t *testing.T, ctx context.Context, db sqlfuncs.DB) string {
+// kitCatalog is pgtest.KitCatalog as one string: a down migration must give
+// back exactly what the version below had.
+func kitCatalog(t *testing.T, ctx context.Context, db sqlfuncs.Querier) string {
 	t.Helper()
-	return queryString(t, ctx, db, `SELECT string_agg(f, E'\n' ORDER BY f) FROM (
-		SELECT p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || coalesce(p.proacl::text, '') || ' ' ||
-		       p.prosecdef::text || ' ' || coalesce(p.proconfig::text, '') AS f
-		  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace
-		UNION ALL
-		SELECT 'constraint ' || c.conrelid::regclass::text || ' ' || c.conname
-		  FROM pg_constraint c WHERE c.connamespace = 'fence'::regnamespace) q`)
+	return strings.Join(pgtest.KitCatalog(t, ctx, db), "\n")
 }
 
 // writeWithToken runs stmt in a transaction that first registers tok for res

@@ -189,6 +189,51 @@ func AdminURL(t testing.TB) string {
 	return requireServer(t).adminURL
 }
 
+// KitCatalog describes everything in schema fence, one sorted line per
+// object, so that two installs (or one before a down migration and after
+// it) can be compared: functions (with a hash of their bodies, security,
+// settings and privileges; the guards fence.protect and fence.protect_rows
+// generate included), relations, columns, constraints, triggers, views, the
+// schema's privileges, and the golang-migrate version row.
+func KitCatalog(t testing.TB, ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) []string {
+	t.Helper()
+	rows, err := db.Query(ctx, kitCatalogQuery)
+	if err == nil {
+		var lines []string
+		if lines, err = pgx.CollectRows(rows, pgx.RowTo[string]); err == nil {
+			return lines
+		}
+	}
+	t.Fatalf("pgtest: read the kit's catalog: %v", err)
+	return nil
+}
+
+const kitCatalogQuery = `
+SELECT 'function ' || p.oid::regprocedure || ' ' || md5(p.prosrc) || ' definer=' || p.prosecdef
+       || ' config=' || coalesce(p.proconfig::text, '') || ' acl=' || coalesce(p.proacl::text, '')
+  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' acl=' || coalesce(c.relacl::text, '') || ' options=' || coalesce(c.reloptions::text, '')
+  FROM pg_class c WHERE c.relnamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+ WHERE c.relnamespace = 'fence'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE c.relnamespace = 'fence'::regnamespace
+UNION ALL
+SELECT 'view ' || viewname || ' ' || md5(definition) FROM pg_views WHERE schemaname = 'fence'
+UNION ALL
+SELECT 'schema acl=' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspname = 'fence'
+UNION ALL
+SELECT 'version ' || version || ' dirty=' || dirty FROM fence_schema_migrations
+ORDER BY 1`
+
 // RequireNoDatabases fails the test when the shared server has a database
 // whose name starts with prefix: a program under test (the bench) must drop
 // the scratch databases it made.
