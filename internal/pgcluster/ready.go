@@ -13,7 +13,8 @@ import (
 // not nil) returns true on it, or ctx ends. It is how a server state (up,
 // promoted, replaying) is waited for without sleeping blindly: each attempt
 // is bounded by five seconds, and attempts are 100 ms apart. The error names
-// connURL without its password and wraps the last attempt's error.
+// connURL without its password and wraps the last attempt's error (or the
+// one before it, when ctx cut the last one short).
 func WaitReady(ctx context.Context, connURL string, check func(context.Context, *pgx.Conn) (bool, error)) error {
 	var last error
 	for {
@@ -21,7 +22,15 @@ func WaitReady(ctx context.Context, connURL string, check func(context.Context, 
 		if ok {
 			return nil
 		}
-		last = err
+		switch {
+		case err == nil:
+			last = nil // reached, not ready yet
+		case last == nil || ctx.Err() == nil:
+			last = err
+		default:
+			// ctx cut this attempt short, which says only that time ran
+			// out: keep the error of the attempt before it, which says why.
+		}
 		select {
 		case <-ctx.Done():
 			if last == nil {
