@@ -60,7 +60,7 @@ func ExampleMigrate() {
 		log.Fatal(err)
 	}
 	fmt.Println("version", version, "dirty", dirty)
-	// Output: version 6 dirty false
+	// Output: version 7 dirty false
 }
 
 func ExampleClient_Acquire() {

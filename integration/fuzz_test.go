@@ -185,7 +185,9 @@ func FuzzTokens(f *testing.F) {
 	require.True(f, ok)
 	// The canary took the first token of the install; tokens are unique
 	// across resources, so this resource's first grant is the next one.
-	require.Equal(f, int64(first+1), cur, "second token of a fresh install")
+	// (The database is a copy of a migrated template, so its epoch is not
+	// the first one: a copy starts a new epoch.)
+	require.Equal(f, int64(2), counterOf(cur), "second token of a fresh install")
 
 	f.Fuzz(func(t *testing.T, tok int64, op uint8) {
 		res := live

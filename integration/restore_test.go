@@ -150,9 +150,14 @@ func TestForgedSystemIdentifierSettingDoesNotHideARestore(t *testing.T) {
 
 	first := mustAcquire(t, ctx, appConn, "forge/a", "app")
 	var source int64
+	// What a restore of another cluster's data looks like: its state row,
+	// and no cache this server validated (crash recovery empties it; a
+	// restored copy names the source).
 	require.NoError(t, db.Pool.QueryRow(ctx,
 		`UPDATE fence.epoch_state SET system_identifier = system_identifier + 1 RETURNING system_identifier`).Scan(&source))
-	_, err := appConn.Exec(ctx, `SELECT set_config('fence._system_identifier', $1::bigint::text, false)`, source)
+	_, err := db.Pool.Exec(ctx, `DELETE FROM fence.epoch_cache`)
+	require.NoError(t, err)
+	_, err = appConn.Exec(ctx, `SELECT set_config('fence._system_identifier', $1::bigint::text, false)`, source)
 	require.NoError(t, err)
 
 	second := mustAcquire(t, ctx, appConn, "forge/b", "app")

@@ -289,8 +289,8 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	rows, err = b.db.Pool.Query(b.ctx, `
 		SELECT p.oid::regprocedure::text FROM pg_proc p
 		 WHERE p.pronamespace = 'fence'::regnamespace AND p.proname LIKE '\_%' AND p.prosecdef
-		   AND p.oid NOT IN ('fence._guard_function(name)'::regprocedure, 'fence._token_floor()'::regprocedure,
-		                     'fence._raise_floor(bigint)'::regprocedure, 'fence._rows_function(name, name)'::regprocedure,
+		   AND p.oid NOT IN ('fence._guard_function(regclass, name)'::regprocedure, 'fence._token_floor()'::regprocedure,
+		                     'fence._raise_floor(bigint)'::regprocedure, 'fence._rows_function(regclass, name, name)'::regprocedure,
 		                     'fence._check_many(text[], bigint[], text, oid)'::regprocedure,
 		                     'fence._durable()'::regprocedure)`)
 	require.NoError(t, err)

@@ -171,6 +171,16 @@ func ProtectRows(ctx context.Context, db DB, table, resourceColumn, prefix, toke
 	return exec(ctx, db, `SELECT fence.protect_rows($1::regclass, $2::name, $3, $4::name)`, table, resourceColumn, prefix, nullText(tokenColumn))
 }
 
+// FireAlways calls fence.fire_always(table, enabled): with enabled, the
+// guards of a protected table (either form) fire in replica mode too
+// (session_replication_role = replica, which superusers and roles granted
+// SET on that parameter can choose, skips ordinary triggers); without, they
+// fire in origin and local mode only, PostgreSQL's default. Protect and
+// ProtectRows keep the setting. Only the table's owner may change it.
+func FireAlways(ctx context.Context, db DB, table string, enabled bool) error {
+	return exec(ctx, db, `SELECT fence.fire_always($1::regclass, $2)`, table, enabled)
+}
+
 // Unprotect calls fence.unprotect(table): it removes the guard triggers that
 // Protect or ProtectRows installed. Only the table's owner may unprotect it.
 func Unprotect(ctx context.Context, db DB, table string) error {

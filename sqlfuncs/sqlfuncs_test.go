@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
@@ -96,6 +97,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 		"protect":         sqlfuncs.Protect,
 		"protect_rows":    sqlfuncs.ProtectRows,
 		"unprotect":       sqlfuncs.Unprotect,
+		"fire_always":     sqlfuncs.FireAlways,
 		"lock_key":        sqlfuncs.LockKey,
 		"try_lock":        sqlfuncs.TryLock,
 		"unlock":          sqlfuncs.Unlock,
@@ -225,17 +227,37 @@ func TestLeaseLifecycle(t *testing.T) {
 	})
 }
 
+// TestTokenLayout: on a database migrated in place, the first grant has
+// epoch base 0 + the current timeline and counter 1 (docs/design.md, "Token
+// layout"). The databases of setup are copies of a migrated template
+// (CREATE DATABASE ... TEMPLATE), and a copy starts a new epoch at its
+// first grant (issue 19, item 5): one timeline above.
 func TestTokenLayout(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	tok, ok, err := sqlfuncs.Acquire(b.ctx, b.db.Pool, "layout", "A", time.Second)
-	require.NoError(t, err)
-	require.True(t, ok)
-	var tli int64
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
-		`SELECT ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint`).Scan(&tli))
-	require.Equal(t, tli, tok>>43, "epoch (high bits) is base 0 + the current timeline")
-	require.Equal(t, int64(1), tok&(1<<43-1), "the first grant of a resource has counter 1")
+	ctx := t.Context()
+	timeline := func(db sqlfuncs.DB) int64 {
+		var tli int64
+		require.NoError(t, db.QueryRow(ctx,
+			`SELECT ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint`).Scan(&tli))
+		return tli
+	}
+	t.Run("migrated in place", func(t *testing.T) {
+		db := pgtest.Empty(t)
+		require.NoError(t, gofence.Migrate(ctx, db.Pool))
+		tok, ok, err := sqlfuncs.Acquire(ctx, db.Pool, "layout", "A", time.Second)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, timeline(db.Pool), tok>>43, "epoch (high bits) is base 0 + the current timeline")
+		require.Equal(t, int64(1), tok&(1<<43-1), "the first grant of an install has counter 1")
+	})
+	t.Run("a copy of a migrated template", func(t *testing.T) {
+		b := setup(t)
+		tok, ok, err := sqlfuncs.Acquire(ctx, b.db.Pool, "layout", "A", time.Second)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, 2*timeline(b.db.Pool), tok>>43, "a copy moves one timeline above the template's epoch")
+		require.Equal(t, int64(1), tok&(1<<43-1), "the copy keeps the template's counter")
+	})
 }
 
 func TestLockKeyMatchesDocumentedMapping(t *testing.T) {
@@ -300,8 +322,9 @@ func TestSideEffectFreeHelpersAreInlined(t *testing.T) {
 	b := setup(t)
 	for _, q := range []string{
 		`SELECT fence._force_durable()`,
-		`SELECT fence._state_epoch(e) FROM fence.epoch_state e`,
+		`SELECT fence._cache_epoch(c) FROM fence.epoch_cache c`,
 		`SELECT fence._grant_wait()`,
+		`SELECT fence._acting_role()`,
 	} {
 		rows, err := b.db.Pool.Query(b.ctx, `EXPLAIN (VERBOSE, COSTS OFF) `+q)
 		require.NoError(t, err)
@@ -309,10 +332,12 @@ func TestSideEffectFreeHelpersAreInlined(t *testing.T) {
 		require.NoError(t, err)
 		plan := strings.Join(lines, "\n")
 		require.NotContains(t, plan, "_force_durable", q)
-		require.NotContains(t, plan, "_state_epoch", q)
+		require.NotContains(t, plan, "_cache_epoch", q)
+		require.NotContains(t, plan, "_acting_role", q)
 		require.NotContains(t, plan, "_grant_wait", q)
 		require.NotContains(t, plan, "_system_identifier", q,
 			"fence._system_identifier() is evaluated when the plan is made, and no setting takes its place")
+		require.NotContains(t, plan, "_database_oid", q, "fence._database_oid() too")
 		require.Contains(t, plan, "CASE WHEN", "%s: the helper's body is in the plan", q)
 	}
 }
