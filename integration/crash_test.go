@@ -1,10 +1,10 @@
 package integration
 
 import (
-	"time"
-
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -241,4 +241,103 @@ func TestGrantSurvivesCrashWhenTheCallerPlantsAnEqualsOperator(t *testing.T) {
 	require.Greater(t, revoked, first, "a token is never handed out twice")
 	second := mustAcquire(t, ctx, conn, "planted-eq", "holder-2")
 	require.Greater(t, second, revoked)
+}
+
+// TestNoTokenIsGrantedTwiceWhateverRunsAtCommit (issue 19, item 2): code of
+// the caller's that runs at COMMIT after the kit's deferred trigger turned
+// synchronous_commit back on can turn it off again, so the grant's commit is
+// not flushed: a holdable cursor (materialized after the deferred
+// triggers), a deferred constraint trigger of its own on a temporary table
+// (TEMP is granted to PUBLIC), or SET CONSTRAINTS ALL IMMEDIATE before a
+// SET LOCAL. All three need nothing but the kit's usage. A crash then loses
+// those grants while their holders have the tokens. On 006 the next grants
+// after restart handed out the very same tokens. Now the first grant after
+// crash recovery moves the counter 2^32 ahead: every token granted after the
+// crash is above every token granted before it, lost or not, and the lost
+// tokens are refused.
+func TestNoTokenIsGrantedTwiceWhateverRunsAtCommit(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{Config: map[string]string{
+		"wal_writer_delay": "'10s'", // an asynchronous commit stays unflushed until the crash
+	}})
+	const app = "committer"
+	admin := connect(t, ctx, c.URL(), false)
+	for _, sql := range []string{
+		`CREATE ROLE ` + app + ` LOGIN`,
+		`SELECT fence.grant_usage('` + app + `')`,
+	} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	conn := connect(t, ctx, c.URLAs(app), false)
+	// A first grant, so that the ones below take the grant's fast path (the
+	// first grant of an install validates the epoch state and commits
+	// synchronously whatever the caller does), and the caller's own deferred
+	// trigger, prepared beforehand (creating it commits synchronously, which
+	// would flush what came before).
+	mustAcquire(t, ctx, admin, "commit/warm-up", "admin")
+	// After a checkpoint the sequence behind the counter logs its next value
+	// again, in the WAL the sabotaged commits leave unflushed: the crash
+	// then takes the counter back to the checkpoint's value.
+	_, err := admin.Exec(ctx, `CHECKPOINT`)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		`CREATE TEMP TABLE late (v int)`,
+		`CREATE FUNCTION pg_temp.async() RETURNS trigger LANGUAGE plpgsql AS
+		   $$ BEGIN PERFORM set_config('synchronous_commit', 'off', true); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER late_async AFTER INSERT ON pg_temp.late DEFERRABLE INITIALLY DEFERRED
+		   FOR EACH ROW EXECUTE FUNCTION pg_temp.async()`,
+	} {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	ways := []struct {
+		res   string
+		after []string // statements of the granting transaction after fence.acquire
+	}{
+		{"commit/hold-cursor", []string{`DECLARE c CURSOR WITH HOLD FOR SELECT set_config('synchronous_commit', 'off', true)`}},
+		{"commit/own-deferred-trigger", []string{`INSERT INTO pg_temp.late VALUES (1)`}},
+		{"commit/set-constraints", []string{`SET CONSTRAINTS ALL IMMEDIATE`, `SET LOCAL synchronous_commit = off`}},
+	}
+	granted := newLedger()
+	for _, w := range ways {
+		require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			tok, ok, err := sqlfuncs.Acquire(ctx, tx, w.res, "A", time.Hour)
+			if err != nil {
+				return err
+			}
+			require.True(t, ok, w.res)
+			granted.add(w.res, tok)
+			for _, s := range w.after {
+				if _, err := tx.Exec(ctx, s); err != nil {
+					return fmt.Errorf("%s: %w", s, err)
+				}
+			}
+			return nil
+		}))
+		_, _ = conn.Exec(ctx, `CLOSE ALL`)
+	}
+	c.Stop(t, "immediate")
+	c.Start(t)
+
+	after := connect(t, ctx, c.URL(), false)
+	kept := leaseTokens(t, ctx, after)
+	lost := 0
+	for _, w := range ways {
+		if kept[w.res] != granted.max(w.res) {
+			lost++
+		}
+		t.Logf("%s: granted %d before the crash, fence.lease has %d after it", w.res, granted.max(w.res), kept[w.res])
+	}
+	require.Positive(t, lost, "the crash lost the grants whose commits were made asynchronous (the attack works)")
+	for _, w := range ways {
+		tok := mustRevoke(t, ctx, after, w.res) // a grant, whether or not A's lease survived
+		requireAbove(t, granted, w.res, tok, "grant after the crash")
+		require.GreaterOrEqual(t, counterOf(tok)-counterOf(granted.max(w.res)), int64(1)<<32,
+			"%s: the first grant after crash recovery moved the counter past every grant a crash can lose", w.res)
+		err := sqlfuncs.Check(ctx, after, w.res, granted.max(w.res))
+		require.Error(t, err, "%s: the token granted before the crash is refused", w.res)
+		require.True(t, errors.Is(err, sqlfuncs.ErrStaleToken) || errors.Is(err, sqlfuncs.ErrUnknownToken), "%s: %v", w.res, err)
+	}
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/gofence"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // fenceDump is a dump of a fence database, taken either with pg_dump -Fc
@@ -151,4 +153,107 @@ func runTool(t *testing.T, ctx context.Context, dir, tool string, args ...string
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s %s:\n%s", tool, strings.Join(args, " "), out)
 	return string(out)
+}
+
+// TestDataOnlyLoadIsARestoreInEitherOrder (issue 19, docs defect): a
+// data-only dump of schema fence (and of a protected table) is loaded into
+// a freshly migrated database of another cluster, before or after that
+// table is protected there. The source granted more after the dump. On 006,
+// fence.protect of a token column created the target's fence.epoch_state
+// row, so a load after it collided on that row's key, the target kept its
+// own state, and it granted again tokens the source had granted after the
+// dump. Now fence.protect writes no state, and the load brings the source's
+// fence.origin row beside the target's: the target is not at home, and its
+// first grant moves past every restored token, in either order. The load is
+// what pg_restore --data-only does: COPY per table, a table whose rows
+// collide left out, triggers on.
+func TestDataOnlyLoadIsARestoreInEitherOrder(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	a := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	ac := connect(t, ctx, a.URL(), false)
+	_, err := ac.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, tok bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(ctx, ac, "orders", "orders", "tok"))
+	granted := newLedger()
+	for i := range 3 {
+		tok := mustRevoke(t, ctx, ac, "orders")
+		granted.add("orders", tok)
+		_, err := ac.Exec(ctx, `INSERT INTO orders VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET tok = excluded.tok`, i, tok)
+		require.NoError(t, err)
+	}
+	dump := map[string][]byte{}
+	tables := append(fenceTables(t, ctx, ac), "")
+	for _, tbl := range tables {
+		name := "public.orders"
+		if tbl != "" {
+			name = "fence." + pgx.Identifier{tbl}.Sanitize()
+		}
+		var buf bytes.Buffer
+		_, err := ac.PgConn().CopyTo(ctx, &buf, "COPY "+name+" TO STDOUT")
+		require.NoError(t, err)
+		dump[name] = buf.Bytes()
+	}
+	// pg_dump --data-only also sets the sequences.
+	var counter int64
+	var called bool
+	require.NoError(t, ac.QueryRow(ctx, `SELECT last_value, is_called FROM fence.token_counter`).Scan(&counter, &called))
+	for range 3 { // granted after the dump: lost on the copy
+		granted.add("orders", mustRevoke(t, ctx, ac, "orders"))
+		granted.add("fresh", mustRevoke(t, ctx, ac, "fresh")) // a resource the dump has no row of
+	}
+
+	b := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	bAdmin := connect(t, ctx, b.AdminURL(), false)
+	// The kit's tables first, triggers on; the application's table as
+	// pg_restore --disable-triggers loads it (its rows carry tokens older
+	// than the latest grant, which its guard would refuse).
+	load := func(t *testing.T, conn *pgx.Conn) {
+		t.Helper()
+		for _, name := range slices.Sorted(maps.Keys(dump)) {
+			if name == "public.orders" {
+				continue
+			}
+			if _, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(dump[name]), "COPY "+name+" FROM STDIN"); err != nil {
+				t.Logf("load: %s left out: %v", name, err) // as pg_restore goes on after an error
+			}
+		}
+		_, err := conn.Exec(ctx, `SELECT setval('fence.token_counter', $1, $2)`, counter, called)
+		require.NoError(t, err)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+		require.NoError(t, err)
+		_, err = tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(dump["public.orders"]), "COPY public.orders FROM STDIN")
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	for _, order := range []string{"protect, then load", "load, then protect"} {
+		t.Run(order, func(t *testing.T) {
+			dbname := map[string]string{"protect, then load": "target_pl", "load, then protect": "target_lp"}[order]
+			_, err := bAdmin.Exec(ctx, `CREATE DATABASE `+dbname)
+			require.NoError(t, err)
+			url := pgtest.URLFor(b.URL(), dbname)
+			pool, err := pgxpool.New(ctx, url)
+			require.NoError(t, err)
+			defer pool.Close()
+			require.NoError(t, gofence.Migrate(ctx, pool))
+			conn := connect(t, ctx, url, false)
+			_, err = conn.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, tok bigint)`)
+			require.NoError(t, err)
+			if order == "protect, then load" {
+				require.NoError(t, sqlfuncs.Protect(ctx, conn, "orders", "orders", "tok"))
+				load(t, conn)
+			} else {
+				load(t, conn)
+				require.NoError(t, sqlfuncs.Protect(ctx, conn, "orders", "orders", "tok"))
+			}
+			requireAbove(t, granted, "fresh", mustRevoke(t, ctx, conn, "fresh"), order)
+			tok := mustRevoke(t, ctx, conn, "orders")
+			requireAbove(t, granted, "orders", tok, order)
+			_, err = conn.Exec(ctx, `UPDATE orders SET tok = $1`, tok)
+			require.NoError(t, err, "the restored rows take the new token")
+		})
+	}
 }

@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -165,4 +167,67 @@ func TestForgedSystemIdentifierSettingDoesNotHideARestore(t *testing.T) {
 		"the state row names another cluster: the grant moves to a new epoch, whatever the session's settings say")
 	require.Equal(t, systemIdentifier(t, ctx, appConn), readEpochState(t, ctx, db.Pool).sysid,
 		"and the state row names this cluster again")
+}
+
+// TestTemplateCopyStartsANewEpoch (issue 19, item 5): CREATE DATABASE ...
+// TEMPLATE copies the kit byte for byte: the system identifier, the
+// timeline, every OID, fence.epoch_state and the counter, so on 006 nothing
+// told the copy from the original, and the copy granted again the tokens
+// the original granted after the copy (put in place of the original, or
+// written by the same workers, two holders of one token). The copy has
+// another database OID, and fence.origin names the database the kit was
+// installed in: the copy's first grant moves to a new epoch, above every
+// token of the original's epoch. Also when the original never granted
+// before the copy.
+func TestTemplateCopyStartsANewEpoch(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	admin := connect(t, ctx, c.AdminURL(), false)
+	copyOf := func(t *testing.T, name string, before func(conn *pgx.Conn)) (orig, cp *pgx.Conn) {
+		t.Helper()
+		src := connect(t, ctx, c.URL(), false)
+		before(src)
+		require.NoError(t, src.Close(ctx)) // CREATE DATABASE needs the template idle
+		_, err := admin.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE fence`)
+		require.NoError(t, err)
+		orig, err = pgx.Connect(ctx, c.URL())
+		require.NoError(t, err)
+		cp, err = pgx.Connect(ctx, pgtest.URLFor(c.URL(), name))
+		require.NoError(t, err)
+		t.Cleanup(func() { // before the next copy of the template
+			_ = orig.Close(context.WithoutCancel(ctx))
+			_ = cp.Close(context.WithoutCancel(ctx))
+		})
+		return orig, cp
+	}
+
+	t.Run("the original never granted", func(t *testing.T) {
+		orig, cp := copyOf(t, "copy_fresh", func(*pgx.Conn) {})
+		o1 := mustAcquire(t, ctx, orig, "copy/a", "original")
+		o2 := mustAcquire(t, ctx, orig, "copy/b", "original")
+		c1 := mustAcquire(t, ctx, cp, "copy/a", "copy")
+		require.Greater(t, epochOf(c1), epochOf(o2), "the copy's first grant is in a later epoch than the original's grants")
+		require.Greater(t, c1, max(o1, o2))
+	})
+
+	t.Run("the original granted before and after the copy", func(t *testing.T) {
+		var before int64
+		orig, cp := copyOf(t, "copy_used", func(src *pgx.Conn) {
+			before = mustAcquire(t, ctx, src, "copy/c", "original")
+		})
+		after := newLedger()
+		for range 3 {
+			after.add("copy/d", mustRevoke(t, ctx, orig, "copy/d"))
+		}
+		tok := mustRevoke(t, ctx, cp, "copy/d")
+		requireAbove(t, after, "copy/d", tok, "the copy's first grant")
+		require.Greater(t, tok, before)
+		require.Greater(t, epochOf(tok), after.maxEpoch())
+		// The copy is at home now: its next grants stay in its epoch.
+		next := mustRevoke(t, ctx, cp, "copy/d")
+		require.Equal(t, epochOf(tok), epochOf(next))
+		// And the original was never moved.
+		require.Equal(t, epochOf(before), epochOf(mustRevoke(t, ctx, orig, "copy/d")))
+	})
 }

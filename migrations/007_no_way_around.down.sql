@@ -583,6 +583,15 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._token_floor()
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT (fence._epoch() << 43) | (SELECT s.last_value - CASE WHEN s.is_called THEN 0 ELSE 1 END FROM fence.token_counter s)
+$function$;
+
 DROP FUNCTION fence._guard_function(regclass, name);
 DROP FUNCTION fence._rows_function(regclass, name, name);
 CREATE OR REPLACE FUNCTION fence._guard_function(col name)
@@ -704,6 +713,8 @@ DROP FUNCTION fence._cache_epoch(fence.epoch_cache);
 DROP FUNCTION fence._acting_role_check(oid);
 DROP FUNCTION fence._acting_role();
 DROP FUNCTION fence._database_oid();
+DROP TRIGGER origin_changed ON fence.origin;
+DROP FUNCTION fence._origin_changed();
 DROP TABLE fence.epoch_cache;
 DROP TABLE fence.commit_flush;
 DROP TABLE fence.origin;

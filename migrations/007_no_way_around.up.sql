@@ -72,6 +72,21 @@ CREATE TABLE fence.origin (
 );
 COMMENT ON TABLE fence.origin IS 'pgfence internal: the database and cluster the kit was installed in';
 
+-- Whatever writes fence.origin (a data-only load of another install's
+-- rows, fence._epoch after a restore) makes the next grant validate the
+-- state again instead of trusting the cache.
+CREATE FUNCTION fence._origin_changed() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM fence.epoch_cache;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER origin_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON fence.origin
+    FOR EACH STATEMENT EXECUTE FUNCTION fence._origin_changed();
+
 -- ---------------------------------------------------------------------------
 -- Helpers
 -- ---------------------------------------------------------------------------
@@ -276,6 +291,30 @@ END
 $$;
 
 DROP FUNCTION fence._state_epoch(fence.epoch_state);
+
+-- The highest token a grant made now could be below (as in 003), but
+-- computed without a trace: fence._epoch runs in a subtransaction that is
+-- rolled back, so fence.protect writes no state row, cache or origin (006
+-- created the state row, and a data-only load after protect then collided
+-- with it; docs/design.md, "Copies of a database"). What fence._epoch does
+-- that no rollback undoes, moving the counter after a crash, is what the
+-- next grant would do anyway.
+CREATE OR REPLACE FUNCTION fence._token_floor() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    e bigint;
+BEGIN
+    BEGIN
+        e := fence._epoch();
+        RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'pgfence: undo';
+    EXCEPTION WHEN raise_exception THEN
+        NULL;
+    END;
+    RETURN (e << 43) | (SELECT s.last_value - CASE WHEN s.is_called THEN 0 ELSE 1 END FROM fence.token_counter s);
+END
+$$;
 
 -- As in 003, and the cache follows the new base.
 CREATE OR REPLACE FUNCTION fence._raise_floor(floor bigint) RETURNS void
@@ -573,9 +612,10 @@ DECLARE
     ts  bigint[];
     reg jsonb := nullif(current_setting('fence.tokens', true), '')::jsonb;
 BEGIN
-    IF CURRENT_USER <> fence._acting_role() THEN
-        PERFORM fence._acting_role_check(TG_RELID);
-    END IF;
+    -- Always, not only when current_user is another role: with row
+    -- security, or on an empty table, the read below may reach no fence
+    -- object that would refuse a role without usage.
+    PERFORM fence._acting_role_check(TG_RELID);
     -- The rows are read with a snapshot of the transaction's: under
     -- REPEATABLE READ or SERIALIZABLE it may predate rows that TRUNCATE
     -- removes all the same, whose resources would then go unchecked.
@@ -615,7 +655,7 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = format('later grants must exceed every token the rows carry: ALTER TABLE %s NO FORCE ROW LEVEL SECURITY, protect it, then FORCE ROW LEVEL SECURITY again', qn);
     END;
-    IF floor > fence._token_floor() THEN
+    IF floor IS NOT NULL AND floor > fence._token_floor() THEN
         IF NOT has_function_privilege('fence._raise_floor(bigint)', 'EXECUTE') THEN
             RAISE EXCEPTION 'pgfence: column % of % holds token %, above every token granted so far', col, tbl, floor
                 USING ERRCODE = '42501',

@@ -148,6 +148,11 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		{"truncate without a token", `TRUNCATE orders`, "FN002"},
 		{"write under a token made up by hand", `INSERT INTO orders VALUES (2, 'forged', 9223372036854775807)`, "FN003"},
 		{"create objects in schema fence", `CREATE FUNCTION fence.acquire(text) RETURNS int LANGUAGE sql AS 'SELECT 1'`, "42501"},
+		// Issue 19, item 8: 006 let any role with usage make the kit's
+		// owner create a guard function per column name it passed.
+		{"make the kit create a guard function for a table it does not own", `SELECT fence._guard_function('orders', 'made up')`, "42501"},
+		{"make the kit create a per-row guard function for a table it does not own", `SELECT fence._rows_function('orders', 'made up', NULL)`, "42501"},
+		{"make the kit create a guard function for no table (006's signature)", `SELECT fence._guard_function('made up')`, "42883"},
 	}
 	for _, a := range attempts {
 		t.Run("cannot "+a.name, func(t *testing.T) {
@@ -155,6 +160,13 @@ func TestApplicationRolePrivileges(t *testing.T) {
 			requireCode(t, err, a.code)
 		})
 	}
+
+	t.Run("the kit made no function for it", func(t *testing.T) {
+		var n int
+		require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE pronamespace = 'fence'::regnamespace
+			AND proname IN ('_guard_' || md5('made up'), '_rows_' || md5('"made up",'))`).Scan(&n))
+		require.Zero(t, n)
+	})
 
 	t.Run("a forged fence.tokens setting gains nothing", func(t *testing.T) {
 		ownerExec(fmt.Sprintf(`INSERT INTO orders VALUES (10, 'by owner', %d)`, tok))

@@ -1149,3 +1149,84 @@ func TestRowsMergeWithSeveralUpdateActions(t *testing.T) {
 	require.NoError(t, f.b.db.Pool.QueryRow(ctx, `SELECT val FROM items WHERE id = 1`).Scan(&val))
 	require.Equal(t, "stale", val)
 }
+
+// TestRowsTruncateUnderRowSecurity (issue 19, item 3): TRUNCATE removes
+// every row whatever row-level security says, but 006's per-row TRUNCATE
+// guard found the resources to check with a SELECT that row security
+// filtered: a tenant holding only tenant:alice truncated bob's rows while
+// bob's lease was live, and a role without the kit's usage that sees no row
+// truncated freely. fence.protect_rows read the token column's maximum the
+// same way, so rows a FORCE'd policy hid from the owner did not raise the
+// token floor. Now both read with row_security = off: a policy that would
+// hide rows fails them (42501) instead.
+func TestRowsTruncateUnderRowSecurity(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	alice, nobody := pgtest.NewRole(t, "alice"), pgtest.NewRole(t, "nobody")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, alice, false))
+	ta := acquireWhenFree(t, ctx, b.db.Pool, "tenant:alice", "alice", time.Hour)
+	tb := acquireWhenFree(t, ctx, b.db.Pool, "tenant:bob", "bob", time.Hour)
+	for _, s := range []string{
+		`CREATE TABLE ledger (id int PRIMARY KEY, tenant text NOT NULL, amount int, tok bigint)`,
+		`INSERT INTO ledger VALUES (1, 'alice', 10, ` + fmt.Sprint(ta) + `), (2, 'bob', 20, ` + fmt.Sprint(tb) + `)`,
+		`ALTER TABLE ledger ENABLE ROW LEVEL SECURITY`,
+		`CREATE POLICY own_tenant ON ledger USING (tenant = current_setting('app.tenant', true))`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ledger TO ` + pgx.Identifier{alice}.Sanitize() + `, ` + pgx.Identifier{nobody}.Sanitize(),
+	} {
+		b.exec(t, s)
+	}
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, b.db.Pool, "ledger", "tenant", "tenant:", "tok"))
+	count := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n))
+		return n
+	}
+	t.Run("a tenant truncates the other tenant's rows", func(t *testing.T) {
+		err := attempt(ctx, rolePool(t, b, alice), pgx.ReadCommitted, []string{
+			`SET LOCAL app.tenant = 'alice'`,
+			fmt.Sprintf(`SELECT fence.use_token('tenant:alice', %d)`, ta),
+		}, `TRUNCATE ledger`)
+		requireOneOf(t, err, "42501")
+		require.Equal(t, 2, count())
+	})
+	t.Run("a role without usage that sees no row", func(t *testing.T) {
+		err := attempt(ctx, rolePool(t, b, nobody), pgx.ReadCommitted, nil, `TRUNCATE ledger`)
+		requireOneOf(t, err, "42501")
+		require.Equal(t, 2, count())
+	})
+	t.Run("the owner truncates with every row's token", func(t *testing.T) {
+		err := attempt(ctx, b.db.Pool, pgx.ReadCommitted, []string{fmt.Sprintf(`SELECT fence.use_token('tenant:alice', %d)`, ta)}, `TRUNCATE ledger`)
+		requireOneOf(t, err, "FN002") // bob's resource has rows too
+		require.NoError(t, attempt(ctx, b.db.Pool, pgx.ReadCommitted, []string{
+			fmt.Sprintf(`SELECT fence.use_token('tenant:alice', %d)`, ta),
+			fmt.Sprintf(`SELECT fence.use_token('tenant:bob', %d)`, tb),
+		}, `TRUNCATE ledger`))
+		require.Equal(t, 0, count())
+	})
+
+	t.Run("protect reads the token of every row", func(t *testing.T) {
+		owner := pgtest.NewRole(t, "ledgerowner")
+		require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, owner, true)) // may raise the floor
+		// Rows from an earlier install, with a token far above every grant,
+		// hidden from the owner by a FORCE'd policy.
+		high := tb + 10<<43
+		for _, s := range []string{
+			`CREATE TABLE ledger2 (id int PRIMARY KEY, tenant text NOT NULL, tok bigint)`,
+			`INSERT INTO ledger2 VALUES (1, 'alice', ` + fmt.Sprint(ta) + `), (2, 'hidden', ` + fmt.Sprint(high) + `)`,
+			`ALTER TABLE ledger2 OWNER TO ` + pgx.Identifier{owner}.Sanitize(),
+			`ALTER TABLE ledger2 ENABLE ROW LEVEL SECURITY`,
+			`ALTER TABLE ledger2 FORCE ROW LEVEL SECURITY`,
+			`CREATE POLICY visible ON ledger2 USING (tenant <> 'hidden')`,
+		} {
+			b.exec(t, s)
+		}
+		oc := roleConn(t, b, owner)
+		err := sqlfuncs.ProtectRows(ctx, oc, "ledger2", "tenant", "tenant:", "tok")
+		requireCode(t, err, "42501")
+		b.exec(t, `ALTER TABLE ledger2 NO FORCE ROW LEVEL SECURITY`)
+		require.NoError(t, sqlfuncs.ProtectRows(ctx, oc, "ledger2", "tenant", "tenant:", "tok"))
+		next := acquireWhenFree(t, ctx, b.db.Pool, "tenant:carol", "carol", time.Hour)
+		require.Greater(t, next, high, "the next grant exceeds every token the rows carry")
+	})
+}
