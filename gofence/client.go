@@ -295,6 +295,9 @@ func (c *Client) ensureInstalled(ctx context.Context) error {
 	}
 	// Concurrent first calls may each ask; each waits only as long as its
 	// own ctx allows.
+	if err := c.checkPoolerStatementCache(ctx); err != nil { // pooler.go
+		return err
+	}
 	v, err := sqlfuncs.Version(ctx, c.pool)
 	if err != nil {
 		return err
