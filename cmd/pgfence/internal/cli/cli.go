@@ -36,9 +36,11 @@ const (
 	// ExitRunNotAcquired: pgfence run did not start the command because
 	// another holder has the lease (with --wait --timeout: still had it at the
 	// timeout). Only then: any other failure is ExitError, so that a wrapper
-	// may read 75 as "another instance is running".
+	// may read 75 as "another instance is running". The default of
+	// --conflict-exit-code (-E), which picks another code.
 	ExitRunNotAcquired = 75
-	// ExitRunLost: pgfence run lost the lease and stopped the command.
+	// ExitRunLost: pgfence run lost the lease and stopped the command. The
+	// default of --lost-exit-code.
 	ExitRunLost = 76
 	// ExitInterrupted: the command was stopped by SIGINT or SIGTERM before it
 	// finished (128 + SIGINT, as shells report it).
