@@ -330,7 +330,8 @@ func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Clie
 	return c, pool, nil
 }
 
-// withClient connects, runs fn with a client, and closes both.
+// withClient connects, runs fn with a client, and closes both. A missing
+// privilege on the kit gets its fix (explainDenied).
 func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*gofence.Client) error) error {
 	c, pool, err := g.client(ctx, cfg)
 	if err != nil {
@@ -338,7 +339,7 @@ func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*g
 	}
 	defer closePool(pool)
 	defer closeClient(c)
-	return fn(c)
+	return explainDenied(ctx, pool, fn(c))
 }
 
 // closeWait bounds closePool and closeClient (a variable for the test of

@@ -170,7 +170,7 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 	switch {
 	case !k.VersionKnown:
 		add("migrations", "fail", fmt.Sprintf("schema fence exists (owner %s), but role %s can read neither %s nor fence.version()", k.KitOwner, k.User, migrations.Table),
-			fmt.Sprintf("as role %s (the kit's owner): SELECT fence.grant_usage('%s')", k.KitOwner, k.User))
+			grantUsageFix(k, false))
 	case k.Dirty:
 		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", k.Version),
 			fmt.Sprintf("as role %s: repair by hand, then pgfence migrate force VERSION", k.KitOwner))
@@ -184,7 +184,7 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 		add("migrations", "ok", fmt.Sprintf("version %d, clean", k.Version), "")
 	}
 
-	grant := fmt.Sprintf("as role %s (the kit's owner): SELECT fence.grant_usage('%s')", k.KitOwner, k.User)
+	grant := grantUsageFix(k, false)
 	if !k.Usage && !k.Super {
 		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (no usage on schema fence)", k.User), grant)
 		return

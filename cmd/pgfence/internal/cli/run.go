@@ -129,7 +129,7 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 		case wait && timeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: not granted within %s (--timeout; another holder kept it)", resource, argv[0], timeout)}
 		}
-		return err
+		return explainDenied(ctx, pool, err)
 	}
 
 	child := exec.Command(argv[0], argv[1:]...)
