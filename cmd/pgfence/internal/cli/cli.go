@@ -226,11 +226,6 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// unreachableError marks a server that did not answer at all.
-type unreachableError struct{ error }
-
-func (e unreachableError) Unwrap() error { return e.error }
-
 // usageError marks errors in the command line (exit 2).
 type usageError struct{ error }
 
@@ -269,8 +264,8 @@ func (g *globals) connString() string {
 	return DefaultDatabaseURL
 }
 
-// connect opens a pool and checks that the server answers, turning a refused
-// connection into advice.
+// connect opens a pool and checks that the server answers, turning a failed
+// connection into its one cause and the fix for it (connectError).
 func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return connectTo(ctx, g.connString())
 }
@@ -295,12 +290,10 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		closePool(pool)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return nil, fmt.Errorf("connecting to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		if ctx.Err() != nil {
+			return nil, err // interrupted, not a connection problem
 		}
-		return nil, unreachableError{fmt.Errorf("cannot reach PostgreSQL at %s:%d (%v); start it (for example `pg_ctlcluster 15 main start`) or point --database-url / DATABASE_URL at a running server",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)}
+		return nil, newConnectError(cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.User, err)
 	}
 	return pool, nil
 }

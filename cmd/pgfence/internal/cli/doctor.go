@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -46,8 +47,11 @@ table), so it is safe to run as any role, before or after installing.`,
 				fs = append(fs, finding{check, status, detail, fix})
 			}
 			pool, err := g.connect(ctx)
-			if err != nil {
-				add("connection", "fail", err.Error(), "start PostgreSQL or fix --database-url / DATABASE_URL / PG* variables")
+			var cerr *connectError
+			if errors.As(err, &cerr) {
+				add("connection", "fail", cerr.cause, cerr.fix)
+			} else if err != nil {
+				add("connection", "fail", oneLine(err), "check --database-url / DATABASE_URL / PG* variables")
 			} else {
 				defer closePool(pool)
 				doctorChecks(ctx, pool, add)
