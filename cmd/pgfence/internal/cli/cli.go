@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -211,6 +210,7 @@ var apiToFlags = strings.NewReplacer(
 	"Config.TTL", "--ttl",
 	"Config.Holder", "--holder",
 	"use AcquireWait to wait for it", "pass --wait to wait for it",
+	"TTL - SafetyMargin", "--ttl - TTL/10",
 	" (or gofence.Migrate)", "",
 )
 
@@ -309,12 +309,16 @@ func (g *globals) emit(v any, text func(w io.Writer) error) error {
 }
 
 // client connects and returns a gofence client (and the pool to close).
+// What the client logs goes to stderr as the CLI's own lines (newLogger),
+// unless cfg.Logger is set.
 func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Client, *pgxpool.Pool, error) {
 	pool, err := g.connect(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cfg.Logger == nil {
+		cfg.Logger = newLogger(g.stderr, nil)
+	}
 	c, err := gofence.New(pool, &cfg)
 	if err != nil {
 		closePool(pool)

@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -77,7 +79,11 @@ from COMMAND's own code picks codes COMMAND never uses, as with flock(1)'s
 					return usageError{fmt.Errorf("%s %d: an exit code is 0 to 255", c.flag, c.code)}
 				}
 			}
-			cfg := gofence.Config{TTL: ttl, Holder: holder}
+			// The watchdog reports a lost lease in its own line, with what it
+			// does about it: gofence's line for it would say it twice.
+			cfg := gofence.Config{TTL: ttl, Holder: holder, Logger: newLogger(g.stderr, func(r slog.Record) bool {
+				return r.Message == "pgfence: lease lost"
+			})}
 			if grace <= 0 {
 				grace = min(5*time.Second, ttl/5)
 			}
@@ -219,12 +225,35 @@ loop:
 			lost := lease.Err() != nil
 			if termAt.IsZero() && (lost || left < grace) {
 				termAt = time.Now()
-				fmt.Fprintf(g.stderr, "pgfence: lease on %s is being lost (%s); sending SIGTERM to %s\n", resource, lossReason(lease, left), argv[0])
-				_ = syscall.Kill(-pgid, syscall.SIGTERM)
+				what := lossReason(lease, resource, left)
+				if left < grace/4 {
+					// Too late for SIGTERM to be of use: a SIGTERM and a
+					// SIGKILL in one instant would read as "did not stop"
+					// for a command that had no time to.
+					killed = true
+					if lost {
+						what += "; too late for SIGTERM (" + deadlineLeft(left) + ")"
+					} else {
+						what += "; too late for SIGTERM"
+					}
+					fmt.Fprintf(g.stderr, "pgfence: %s: sending SIGKILL to %s\n", what, argv[0])
+					_ = syscall.Kill(-pgid, syscall.SIGKILL)
+				} else {
+					fmt.Fprintf(g.stderr, "pgfence: %s; sending SIGTERM to %s\n", what, argv[0])
+					_ = syscall.Kill(-pgid, syscall.SIGTERM)
+				}
 			}
 			if !termAt.IsZero() && !killed && (left < grace/4 || time.Since(termAt) > grace*3/4) {
+				// Say "still runs" only of a command that does: it may
+				// have ended on the SIGTERM since the last look.
+				select {
+				case waitErr = <-exited:
+					break loop
+				default:
+				}
 				killed = true
-				fmt.Fprintf(g.stderr, "pgfence: %s did not stop; sending SIGKILL\n", argv[0])
+				fmt.Fprintf(g.stderr, "pgfence: %s still runs %s after SIGTERM (%s); sending SIGKILL\n",
+					argv[0], time.Since(termAt).Round(time.Millisecond), deadlineLeft(left))
 				_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			}
 		}
@@ -232,14 +261,16 @@ loop:
 	_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group outlives the command
 	restoreForeground()
 
-	code := 0
+	code, ended := 0, "exited with exit status 0"
 	var exitErr *exec.ExitError
 	switch {
 	case waitErr == nil:
 	case errors.As(waitErr, &exitErr):
 		code = exitErr.ExitCode()
+		ended = fmt.Sprintf("exited with exit status %d", code)
 		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
+			ended = fmt.Sprintf("ended on %s (exit status %d)", signalName(ws.Signal()), code)
 		}
 	default:
 		return fmt.Errorf("waiting for %s: %w", argv[0], waitErr)
@@ -253,7 +284,7 @@ loop:
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		_ = lease.Release(done)
-		return exitError{codes.lost, fmt.Errorf("lost the lease on %s; %s was stopped (exit %d)", resource, argv[0], code)}
+		return exitError{codes.lost, fmt.Errorf("%s %s after the lease on %s was lost", argv[0], ended, resource)}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -283,9 +314,28 @@ func takeForeground(tty int) {
 	_ = unix.IoctlSetPointerInt(tty, unix.TIOCSPGRP, syscall.Getpgrp())
 }
 
-func lossReason(l *gofence.Lease, left time.Duration) string {
+// lossReason says what the watchdog saw: the lease lost (and why), or about
+// to be, with no renewal succeeding.
+func lossReason(l *gofence.Lease, resource string, left time.Duration) string {
 	if err := l.Err(); err != nil {
-		return err.Error()
+		why := strings.TrimPrefix(err.Error(), gofence.ErrLost.Error()+": "+resource+": ")
+		return fmt.Sprintf("lost the lease on %s (%s)", resource, apiToFlags.Replace(strings.ReplaceAll(why, "pgfence: ", "")))
 	}
-	return fmt.Sprintf("no renewal succeeded; %s left before the local trust deadline", left.Round(time.Millisecond))
+	return fmt.Sprintf("the lease on %s is about to be lost (no renewal succeeded; %s)", resource, deadlineLeft(left))
+}
+
+// deadlineLeft says how far the local trust deadline is.
+func deadlineLeft(left time.Duration) string {
+	if left <= 0 {
+		return "the local trust deadline has passed"
+	}
+	return fmt.Sprintf("%s left before the local trust deadline", left.Round(time.Millisecond))
+}
+
+// signalName is the name of sig as the docs and shells write it (SIGTERM).
+func signalName(sig syscall.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return name
+	}
+	return fmt.Sprintf("signal %d", int(sig))
 }
