@@ -81,26 +81,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// Commands write from several goroutines (a child's output copied by
 	// pgfence run, the logger, the command itself): serialize the writes.
 	g := &globals{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}}
-	root := &cobra.Command{
-		Use:   "pgfence",
-		Short: "Leases with fencing tokens that PostgreSQL itself enforces",
-		Long: `pgfence hands out leases with fencing tokens and makes PostgreSQL refuse
-writes that carry a stale token, inside the writing transaction.
-
-Connection: --database-url, else DATABASE_URL, else the standard libpq
-variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + DefaultDatabaseURL + `.`,
-		Version:       Version(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
+	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetVersionTemplate("pgfence {{.Version}}\n")
-	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, libpq PG* variables, "+DefaultDatabaseURL+")")
-	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout; errors as {\"error\", \"exit_code\"})")
-	root.AddCommand(commands(g)...)
-	typeUsageErrors(root)
 
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
@@ -140,6 +124,28 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + Default
 		_ = enc.Encode(out)
 	}
 	return code
+}
+
+// newRoot is the command tree, its commands and flags bound to g.
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pgfence",
+		Short: "Leases with fencing tokens that PostgreSQL itself enforces",
+		Long: `pgfence hands out leases with fencing tokens and makes PostgreSQL refuse
+writes that carry a stale token, inside the writing transaction.
+
+Connection: --database-url, else DATABASE_URL, else the standard libpq
+variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + DefaultDatabaseURL + `.`,
+		Version:       Version(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetVersionTemplate("pgfence {{.Version}}\n")
+	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, libpq PG* variables, "+DefaultDatabaseURL+")")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout; errors as {\"error\", \"exit_code\", \"sqlstate\"}, sqlstate when PostgreSQL raised the error)")
+	root.AddCommand(commands(g)...)
+	typeUsageErrors(root)
+	return root
 }
 
 // jsonError is what --json prints on stdout when a command fails.

@@ -28,12 +28,29 @@ func newDoctorCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "doctor",
 		Short: "Check the connection, the kit, privileges and the settings fencing depends on",
-		Long: `doctor checks, each with a fix when something is off: the connection and
-server version; whether the kit's migrations are installed, at which version,
-and not dirty; the current role's privileges; synchronous_commit; whether
-asynchronous standbys exist (and what that means for tokens);
-idle_in_transaction_session_timeout; and the difference between this
-machine's clock and the server's. Exit code 1 when a check fails.
+		Long: `doctor checks, each with a fix when something is off:
+  connection          the server answers and lets the role in (the fix
+                      matches the cause)
+  server version      PostgreSQL 13 or newer
+  writable            the server is a primary, not a standby in recovery
+  clock               this machine's clock against the server's
+  migrations          the kit installed, at which version, not dirty
+  privileges          what the current role may do with the kit (or what
+                      keeps it from installing it)
+  protected tables    disabled guards, other roles with TRIGGER, guards of
+                      migration 2
+  settings            the durability settings below are readable
+  synchronous_commit  off or on
+  standbys            asynchronous ones (and what that means for tokens)
+  promotion           setups in which two promotions can take the same
+                      timeline and grant the same tokens
+  idle_in_transaction_session_timeout
+                      0: a paused holder makes grants wait
+  pooler              a connection pooler in front, and its mode
+  token epoch         the functions grants read the epoch from
+  managed service     which one the server's settings suggest
+
+Exit code 1 when a check fails.
 
 doctor only reads: it creates nothing (not even golang-migrate's version
 table), so it is safe to run as any role, before or after installing.`,
