@@ -131,10 +131,12 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		add("clock", "ok", fmt.Sprintf("this machine and the server agree within %s", offset.Round(time.Millisecond)), "")
 	}
 
+	database := cfg.Database
 	k, err := readKit(ctx, pool)
 	if err != nil {
 		add("migrations", "fail", err.Error(), "")
 	} else {
+		database = k.Database
 		doctorKit(ctx, pool, k, add)
 		doctorGuards(ctx, pool, k, add)
 	}
@@ -164,7 +166,7 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 	doctorPromotion(ctx, pool, add)
 	if idleTimeout == "0" {
 		add("idle_in_transaction_session_timeout", "warn", "0 (disabled)",
-			"a paused holder with an open guarded transaction makes grants wait (fence.grant_wait) and report busy until it ends; set it, e.g. ALTER DATABASE ... SET idle_in_transaction_session_timeout = '1min'")
+			fmt.Sprintf("a paused holder with an open guarded transaction makes grants wait (fence.grant_wait) and report busy until it ends; set it, e.g. as the database's owner: ALTER DATABASE %s SET idle_in_transaction_session_timeout = '1min'", quoteIdent(database)))
 	} else {
 		add("idle_in_transaction_session_timeout", "ok", idleTimeout, "")
 	}
