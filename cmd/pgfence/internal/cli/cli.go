@@ -217,6 +217,7 @@ var apiToFlags = strings.NewReplacer(
 	"Config.Holder", "--holder",
 	"use AcquireWait to wait for it", "pass --wait to wait for it",
 	"TTL - SafetyMargin", "--ttl - TTL/10",
+	" (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec)", "",
 	" (or gofence.Migrate)", "",
 )
 
