@@ -81,6 +81,7 @@ type Client struct {
 	log   *slog.Logger
 
 	installed atomic.Bool
+	pooler    poolerCheck // pooler.go: the statement-cache check of the first calls
 
 	mu     sync.Mutex // guards closed, notify and leases
 	closed bool

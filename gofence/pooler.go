@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -104,6 +105,51 @@ func (c *Client) checkPoolerStatementCache(ctx context.Context) error {
 	if cc.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cc.StatementCacheCapacity <= 0 {
 		return nil
 	}
+	// One probe at a time per Client: first calls that start together
+	// (workers started at once) would otherwise each hold a connection and
+	// wait for a second one, and all give up undecided on a small pool.
+	p := &c.pooler
+	if err := p.lock(ctx); err != nil {
+		return err
+	}
+	defer p.unlock()
+	if p.settled {
+		return p.err
+	}
+	err := c.probePooler(ctx)
+	if err == nil || errors.Is(err, ErrPoolerStatementCache) {
+		p.settled, p.err = true, err // the pool's mode and its pooler do not change
+	}
+	return err
+}
+
+// poolerCheck is the state of checkPoolerStatementCache in a Client; its
+// zero value is ready.
+type poolerCheck struct {
+	once    sync.Once
+	sem     chan struct{} // capacity 1: held while a probe runs
+	settled bool          // decided: err is the answer for every later call
+	err     error         // nil, or the refusal
+}
+
+// lock waits for the probe of another call, as long as ctx allows.
+func (p *poolerCheck) lock(ctx context.Context) error {
+	p.once.Do(func() { p.sem = make(chan struct{}, 1) })
+	select {
+	case p.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *poolerCheck) unlock() { <-p.sem }
+
+// probePooler is checkPoolerStatementCache's probe: ErrPoolerStatementCache
+// (wrapped) when the pooler shares named statements, nil when it does not
+// or when that cannot be told (then it warns), another error when the probe
+// itself failed.
+func (c *Client) probePooler(ctx context.Context) error {
 	a, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -145,7 +191,9 @@ func probeSharedStatements(ctx context.Context, pool *pgxpool.Pool, a *pgxpool.C
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	name := "pgfence_probe_" + hex.EncodeToString(nonce[:])
-	bg := context.WithoutCancel(ctx)
+	// Clean-up goes on when ctx ends, bounded on its own.
+	bg, cancelBg := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancelBg()
 
 	tx, err := a.Begin(ctx)
 	if err != nil {

@@ -2,6 +2,7 @@ package gofence_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -237,6 +238,26 @@ func TestPoolerStatementCache(t *testing.T) {
 		var left int
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence_probe_%'`).Scan(&left))
 		require.Zero(t, left, "the probe's statements are deallocated (this backend)")
+
+		t.Run("eight workers starting at once on a pool of four: all refused", func(t *testing.T) {
+			pool := open(t, pb.URL(b.db.URL))
+			c := b.client(t, pool, gofence.Config{})
+			errs := make([]error, 8)
+			var wg sync.WaitGroup
+			for i := range errs {
+				wg.Go(func() {
+					l, err := c.Acquire(ctx, fmt.Sprintf("worker-%d", i))
+					if err == nil {
+						_ = l.Release(ctx)
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			for i, err := range errs {
+				require.ErrorIs(t, err, gofence.ErrPoolerStatementCache, "worker %d", i)
+			}
+		})
 
 		t.Run("the same pooler with exec mode works", func(t *testing.T) {
 			pool := open(t, pb.URL(b.db.URL)+"&default_query_exec_mode=exec")
