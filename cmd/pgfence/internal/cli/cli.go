@@ -300,7 +300,7 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 		if ctx.Err() != nil {
 			return nil, err // interrupted, not a connection problem
 		}
-		return nil, newConnectError(cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.User, err)
+		return nil, newConnectError(cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.User, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
 }

@@ -30,8 +30,8 @@ func (e *connectError) Error() string { return e.cause + "; " + e.fix }
 func (e *connectError) Unwrap() error { return e.err }
 
 // newConnectError reads the attempts of pgx's error and says what failed at
-// host:port, for user.
-func newConnectError(host string, port uint16, user string, err error) *connectError {
+// host:port, for user and database.
+func newConnectError(host string, port uint16, user, database string, err error) *connectError {
 	where := fmt.Sprintf("%s:%d", host, port)
 	if strings.HasPrefix(host, "/") {
 		where = fmt.Sprintf("socket %s (port %d)", host, port)
@@ -45,7 +45,7 @@ func newConnectError(host string, port uint16, user string, err error) *connectE
 		if errors.As(attempts[i], &pgErr) {
 			return &connectError{
 				cause: fmt.Sprintf("PostgreSQL at %s refused the connection of user %s: %s", where, user, pgErr.Error()),
-				fix:   loginFix(pgErr),
+				fix:   loginFix(pgErr, user, database),
 				err:   err,
 			}
 		}
@@ -93,7 +93,7 @@ func newConnectError(host string, port uint16, user string, err error) *connectE
 }
 
 // loginFix is the fix for a server's refusal to let the user in.
-func loginFix(e *pgconn.PgError) string {
+func loginFix(e *pgconn.PgError, user, database string) string {
 	switch {
 	case e.Code == "28P01":
 		return "check the user and password (in --database-url or DATABASE_URL, PGUSER, PGPASSWORD or ~/.pgpass)"
@@ -106,7 +106,7 @@ func loginFix(e *pgconn.PgError) string {
 	case e.Code == "3D000":
 		return "check the database name (in --database-url or DATABASE_URL, or PGDATABASE), or create the database"
 	case e.Code == "42501":
-		return "as the database's owner: GRANT CONNECT ON DATABASE ... TO the user"
+		return fmt.Sprintf("as the database's owner: GRANT CONNECT ON DATABASE %s TO %s", quoteIdent(database), quoteIdent(user))
 	case e.Code == "53300":
 		return "the server has no connection slot left: close idle connections or raise max_connections"
 	case e.Code == "57P03":

@@ -261,13 +261,13 @@ loop:
 	_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group outlives the command
 	restoreForeground()
 
-	code, ended := 0, "exited with exit status 0"
+	code, ended := 0, "exited with status 0"
 	var exitErr *exec.ExitError
 	switch {
 	case waitErr == nil:
 	case errors.As(waitErr, &exitErr):
 		code = exitErr.ExitCode()
-		ended = fmt.Sprintf("exited with exit status %d", code)
+		ended = fmt.Sprintf("exited with status %d", code)
 		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
 			ended = fmt.Sprintf("ended on %s (exit status %d)", signalName(ws.Signal()), code)
