@@ -204,7 +204,7 @@ func TestDoctorHelpNamesEveryCheck(t *testing.T) {
 // jsonKeys lists the JSON keys of the fields of the struct v.
 func jsonKeys(v any) []string {
 	var keys []string
-	rt := reflectType(v)
+	rt := reflect.TypeOf(v)
 	for i := range rt.NumField() {
 		tag := rt.Field(i).Tag.Get("json")
 		if name, _, _ := strings.Cut(tag, ","); name != "" && name != "-" {
@@ -213,5 +213,3 @@ func jsonKeys(v any) []string {
 	}
 	return keys
 }
-
-func reflectType(v any) reflect.Type { return reflect.TypeOf(v) }
