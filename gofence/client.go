@@ -81,6 +81,7 @@ type Client struct {
 	log   *slog.Logger
 
 	installed atomic.Bool
+	pooler    poolerCheck // pooler.go: the statement-cache check of the first calls
 
 	mu     sync.Mutex // guards closed, notify and leases
 	closed bool
@@ -295,6 +296,9 @@ func (c *Client) ensureInstalled(ctx context.Context) error {
 	}
 	// Concurrent first calls may each ask; each waits only as long as its
 	// own ctx allows.
+	if err := c.checkPoolerStatementCache(ctx); err != nil { // pooler.go
+		return err
+	}
 	v, err := sqlfuncs.Version(ctx, c.pool)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -301,6 +302,117 @@ func ExampleLease_UseToken() {
 	}
 	fmt.Println(note)
 	// Output: shipped
+}
+
+// A job queue with a lease per job: worker A takes job 1 and writes in the
+// queue's own transaction, fenced with UseToken; A stalls past its TTL (its
+// renewals reach no server, as in a long GC pause or a stalled network),
+// worker B takes the job over, and A's late write is refused by the
+// database, whatever A believes.
+func ExampleLease_UseToken_jobQueue() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+
+	// Every row of jobs is its own resource: row 1 needs the token of "job:1".
+	if _, err := pool.Exec(ctx, `CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL, worker text);
+		INSERT INTO jobs (id, state) VALUES (1, 'queued')`); err != nil {
+		log.Fatal(err)
+	}
+	admin, err := gofence.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.ProtectRows(ctx, "jobs", "id", "job:", ""); err != nil {
+		log.Fatal(err)
+	}
+
+	// step is one step of a worker on job 1, in a transaction of the queue
+	// (any pgx.Tx), fenced by the job's lease.
+	step := func(db *pgxpool.Pool, lease *gofence.Lease, state string) error {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if err := lease.UseToken(ctx, tx); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE jobs SET state = $1, worker = $2 WHERE id = 1`, state, lease.Holder()); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+
+	// Worker A, with a pool that can be cut off from the server while A is
+	// paused.
+	var paused atomic.Bool
+	cfg, err := pgxpool.ParseConfig(pool.Config().ConnString())
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if paused.Load() {
+			return true, errors.New("worker A is paused")
+		}
+		return true, nil
+	}
+	poolA, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer poolA.Close()
+	workerA, err := gofence.New(poolA, &gofence.Config{Holder: "worker-a", TTL: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer workerA.Close()
+
+	a, err := workerA.Acquire(ctx, "job:1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := step(poolA, a, "running"); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("worker-a runs job 1")
+
+	paused.Store(true)
+	<-a.Done() // the trust deadline passed without a renewal: before the server lets anyone else in
+	fmt.Println("worker-a's lease is lost:", errors.Is(a.Err(), gofence.ErrLost))
+
+	workerB, err := gofence.New(pool, &gofence.Config{Holder: "worker-b"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer workerB.Close()
+	b, err := workerB.AcquireWait(ctx, "job:1") // granted once A's lease expired by the server's clock
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if err := step(pool, b, "done"); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("worker-b took job 1 over with a newer token:", b.Token() > a.Token())
+
+	// A wakes up and, without looking at its lease, finishes the job.
+	paused.Store(false)
+	err = step(poolA, a, "done")
+	fmt.Println("worker-a's late write is refused:", errors.Is(err, gofence.ErrStaleToken))
+
+	var state, worker string
+	if err := pool.QueryRow(ctx, `SELECT state, worker FROM jobs WHERE id = 1`).Scan(&state, &worker); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("job 1:", state, "by", worker)
+	// Output:
+	// worker-a runs job 1
+	// worker-a's lease is lost: true
+	// worker-b took job 1 over with a newer token: true
+	// worker-a's late write is refused: true
+	// job 1: done by worker-b
 }
 
 func ExampleClient_Elect() {

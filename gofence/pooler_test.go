@@ -2,6 +2,10 @@ package gofence_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,7 +154,7 @@ func TestThroughPgBouncer(t *testing.T) {
 		c := b.client(t, pool, gofence.Config{})
 		_, err := c.AcquireSession(b.ctx, "session")
 		require.ErrorIs(t, err, gofence.ErrPooledSession)
-		require.Contains(t, err.Error(), "use Acquire, Lock or Do")
+		require.Contains(t, err.Error(), "use Acquire, AcquireWait or Do")
 		row, ok, err := sqlfuncs.GetLease(b.ctx, b.db.Pool, "session")
 		require.NoError(t, err)
 		require.True(t, ok)
@@ -185,3 +189,123 @@ func waitFor(ctx context.Context, cond func() (bool, error)) error {
 		}
 	}
 }
+
+// TestPoolerStatementCache: a pool in pgx's default mode (a cache of named
+// prepared statements) is refused on the Client's first call when it goes
+// through PgBouncer in transaction mode, which hands one client's named
+// statements to others; the same pool in exec mode works, and the default
+// mode is not refused on a direct connection, through a plain TCP proxy, or
+// through a session-mode PgBouncer (which keeps a client on one server
+// connection; the Client warns that it could not tell the mode).
+func TestPoolerStatementCache(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	open := func(t *testing.T, url string) *pgxpool.Pool {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(url)
+		require.NoError(t, err)
+		cfg.MaxConns = 4
+		pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	logged := func() (*slog.Logger, *strings.Builder) {
+		var buf strings.Builder
+		var mu sync.Mutex
+		return slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return buf.Write(p)
+		}), nil)), &buf
+	}
+
+	t.Run("PgBouncer in transaction mode, default mode: refused", func(t *testing.T) {
+		pb := pgtest.NewPgBouncer(t, b.db.URL)
+		pool := open(t, pb.URL(b.db.URL))
+		require.Equal(t, pgx.QueryExecModeCacheStatement, pool.Config().ConnConfig.DefaultQueryExecMode)
+		c := b.client(t, pool, gofence.Config{})
+		ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+		defer cancel()
+		_, err := c.Acquire(ctx, "job")
+		require.ErrorIs(t, err, gofence.ErrPoolerStatementCache)
+		require.Contains(t, err.Error(), "default_query_exec_mode=exec")
+		_, err = c.Leases(ctx)
+		require.ErrorIs(t, err, gofence.ErrPoolerStatementCache, "every call, not only the first")
+		row, ok, err := sqlfuncs.GetLease(ctx, b.db.Pool, "job")
+		require.NoError(t, err)
+		require.False(t, ok && row.Live, "nothing was granted: %+v", row)
+		var left int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence_probe_%'`).Scan(&left))
+		require.Zero(t, left, "the probe's statements are deallocated (this backend)")
+
+		t.Run("eight workers starting at once on a pool of four: all refused", func(t *testing.T) {
+			pool := open(t, pb.URL(b.db.URL))
+			c := b.client(t, pool, gofence.Config{})
+			errs := make([]error, 8)
+			var wg sync.WaitGroup
+			for i := range errs {
+				wg.Go(func() {
+					l, err := c.Acquire(ctx, fmt.Sprintf("worker-%d", i))
+					if err == nil {
+						_ = l.Release(ctx)
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			for i, err := range errs {
+				require.ErrorIs(t, err, gofence.ErrPoolerStatementCache, "worker %d", i)
+			}
+		})
+
+		t.Run("the same pooler with exec mode works", func(t *testing.T) {
+			pool := open(t, pb.URL(b.db.URL)+"&default_query_exec_mode=exec")
+			c := b.client(t, pool, gofence.Config{})
+			l, err := c.Acquire(ctx, "job")
+			require.NoError(t, err)
+			require.NoError(t, write(ctx, l, pool, "exec"))
+			require.NoError(t, l.Release(ctx))
+		})
+	})
+
+	t.Run("direct connection and plain TCP proxy, default mode: not refused", func(t *testing.T) {
+		proxy := pgtest.NewProxy(t, b.db.URL)
+		for _, url := range []string{b.db.URL, proxy.URL(b.db.URL)} {
+			pool := open(t, url)
+			log, buf := logged()
+			c, err := gofence.New(pool, &gofence.Config{Logger: log})
+			require.NoError(t, err)
+			t.Cleanup(c.Close)
+			l, err := c.Acquire(b.ctx, "job")
+			require.NoError(t, err)
+			require.NoError(t, write(b.ctx, l, pool, "direct"))
+			require.NoError(t, l.Release(b.ctx))
+			require.NotContains(t, buf.String(), "pooler", "nothing to warn about")
+		}
+	})
+
+	t.Run("PgBouncer in session mode, default mode: not refused, warned", func(t *testing.T) {
+		pb := pgtest.NewPgBouncerInMode(t, b.db.URL, "session")
+		pool := open(t, pb.URL(b.db.URL))
+		log, buf := logged()
+		c, err := gofence.New(pool, &gofence.Config{Logger: log})
+		require.NoError(t, err)
+		t.Cleanup(c.Close)
+		ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+		defer cancel()
+		for range 3 {
+			l, err := c.Acquire(ctx, "job")
+			require.NoError(t, err)
+			require.NoError(t, write(ctx, l, pool, "session-mode"))
+			require.NoError(t, l.Release(ctx))
+		}
+		require.Contains(t, buf.String(), "whose mode could not be told")
+		require.Equal(t, 1, strings.Count(buf.String(), "could not be told"), "once per Client")
+	})
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -26,17 +26,20 @@ const EnvRequirePgBouncer = "PGFENCE_TEST_REQUIRE_PGBOUNCER"
 // backends, as they do behind a production pooler.
 const PgBouncerPoolSize = 3
 
-// PgBouncer is a PgBouncer in transaction pooling mode in front of a test
-// server, started for one test on a free port of 127.0.0.1 with a generated
-// configuration, and stopped when the test ends. Every database of the
-// server is reachable through it under its own name, as the user postgres.
+// PgBouncer is a PgBouncer (in transaction pooling mode, unless started with
+// NewPgBouncerInMode) in front of a test server, started for one test on a
+// free port of 127.0.0.1 with a generated configuration, and stopped when
+// the test ends. Every database of the server is reachable through it under
+// its own name, as the user postgres.
 type PgBouncer struct {
 	// Port is the port PgBouncer listens on.
 	Port int
 	// Version is what `pgbouncer --version` printed first.
 	Version string
-	dir     string
-	log     string
+	// Mode is its pool_mode: transaction or session.
+	Mode string
+	dir  string
+	log  string
 }
 
 // NewPgBouncer starts PgBouncer (pool_mode = transaction) in front of the
@@ -46,6 +49,17 @@ type PgBouncer struct {
 // postgres, since it refuses to run as root.
 func NewPgBouncer(t testing.TB, serverURL string) *PgBouncer {
 	t.Helper()
+	return NewPgBouncerInMode(t, serverURL, "transaction")
+}
+
+// NewPgBouncerInMode is NewPgBouncer with another pool_mode ("session" or
+// "transaction"): a session-mode pooler keeps a client on one server
+// connection, which tests tell from transaction mode.
+func NewPgBouncerInMode(t testing.TB, serverURL, mode string) *PgBouncer {
+	t.Helper()
+	if mode != "transaction" && mode != "session" {
+		t.Fatalf("pgtest: pool_mode %q: use transaction or session", mode)
+	}
 	bin, err := findPgBouncer()
 	if err != nil {
 		if os.Getenv(EnvRequirePgBouncer) == "1" {
@@ -71,7 +85,7 @@ func NewPgBouncer(t testing.TB, serverURL string) *PgBouncer {
 	if err := pgcluster.ChownToServerUser(dir); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	b := &PgBouncer{Version: version, dir: dir, log: filepath.Join(dir, "pgbouncer.log")}
+	b := &PgBouncer{Version: version, Mode: mode, dir: dir, log: filepath.Join(dir, "pgbouncer.log")}
 
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
@@ -89,7 +103,7 @@ func NewPgBouncer(t testing.TB, serverURL string) *PgBouncer {
 			"listen_port = " + strconv.Itoa(b.Port),
 			"unix_socket_dir =",
 			"auth_type = any",
-			"pool_mode = transaction",
+			"pool_mode = " + mode,
 			"default_pool_size = " + strconv.Itoa(PgBouncerPoolSize),
 			"max_client_conn = 500",
 			"ignore_startup_parameters = extra_float_digits",
@@ -103,7 +117,7 @@ func NewPgBouncer(t testing.TB, serverURL string) *PgBouncer {
 		}
 		lastErr = b.start(t, ctx, bin, ini)
 		if lastErr == nil {
-			t.Logf("pgtest: %s in transaction mode on 127.0.0.1:%d in front of %s:%s (pool size %d)", version, b.Port, host, port, PgBouncerPoolSize)
+			t.Logf("pgtest: %s in %s mode on 127.0.0.1:%d in front of %s:%s (pool size %d)", version, mode, b.Port, host, port, PgBouncerPoolSize)
 			return b
 		}
 		if !strings.Contains(b.LogTail(20), "in use") {

@@ -56,7 +56,7 @@ type Options struct {
 	// BigResources is the number of rows in the lease table for the big side
 	// of the scale scenario.
 	BigResources int
-	// Waiters is the number of clients waiting in Lock in the handoff
+	// Waiters is the number of clients waiting in AcquireWait in the handoff
 	// scenario.
 	Waiters int
 	// PollInterval is the gofence PollInterval of the polling-only handoff.

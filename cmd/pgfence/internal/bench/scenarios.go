@@ -269,11 +269,11 @@ func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 // ---------------------------------------------------------------------------
 
 // handoffSlice runs len(clients) clients in a chain on resource for d: each
-// one in turn gets the lease from Lock, holds it a moment (so that the others
+// one in turn gets the lease from AcquireWait, holds it a moment (so that the others
 // are all waiting), notes the time and releases it, and waits for the next
 // grant before it asks again (so a releaser never re-takes its own lease).
 // A sample is the time from the start of Release to the return of the next
-// holder's Lock.
+// holder's AcquireWait.
 func handoffSlice(ctx context.Context, clients []*gofence.Client, resource string, d time.Duration) ([]time.Duration, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -398,7 +398,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 	var nSamples, pSamples, rtSamples, cSamples []time.Duration
 	n := 0
 	slice := func(d time.Duration, record bool) error {
-		// A fresh resource per slice: a Lock cancelled at the end of a slice
+		// A fresh resource per slice: an AcquireWait cancelled at the end of a slice
 		// may have been granted on the server after all (its reply was
 		// lost to the cancellation), and that lease stays until its TTL.
 		n++
@@ -447,7 +447,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 	s.fact("NOTIFY handoff p50 in synchronous commits", ln.P50Ms/lc.P50Ms, "commits (a handoff holds a release and a grant)")
 	s.atMost("handoff p50 with NOTIFY, in round trips (SELECT 1 p50)", ln.P50Ms/lr.P50Ms, 5)
 	s.atMost("handoff p99 polling only, in PollInterval (jitter allows 1.25)", lp.P99Ms/msOf(b.o.PollInterval), 1.25)
-	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's Lock", b.o.Waiters))
+	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's AcquireWait", b.o.Waiters))
 	return nil
 }
 

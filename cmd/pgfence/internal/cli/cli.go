@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -36,9 +35,11 @@ const (
 	// ExitRunNotAcquired: pgfence run did not start the command because
 	// another holder has the lease (with --wait --timeout: still had it at the
 	// timeout). Only then: any other failure is ExitError, so that a wrapper
-	// may read 75 as "another instance is running".
+	// may read 75 as "another instance is running". The default of
+	// --conflict-exit-code (-E), which picks another code.
 	ExitRunNotAcquired = 75
-	// ExitRunLost: pgfence run lost the lease and stopped the command.
+	// ExitRunLost: pgfence run lost the lease and stopped the command. The
+	// default of --lost-exit-code.
 	ExitRunLost = 76
 	// ExitInterrupted: the command was stopped by SIGINT or SIGTERM before it
 	// finished (128 + SIGINT, as shells report it).
@@ -80,26 +81,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// Commands write from several goroutines (a child's output copied by
 	// pgfence run, the logger, the command itself): serialize the writes.
 	g := &globals{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}}
-	root := &cobra.Command{
-		Use:   "pgfence",
-		Short: "Leases with fencing tokens that PostgreSQL itself enforces",
-		Long: `pgfence hands out leases with fencing tokens and makes PostgreSQL refuse
-writes that carry a stale token, inside the writing transaction.
-
-Connection: --database-url, else DATABASE_URL, else the standard libpq
-variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + DefaultDatabaseURL + `.`,
-		Version:       Version(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
+	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetVersionTemplate("pgfence {{.Version}}\n")
-	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, libpq PG* variables, "+DefaultDatabaseURL+")")
-	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout; errors as {\"error\", \"exit_code\"})")
-	root.AddCommand(commands(g)...)
-	typeUsageErrors(root)
 
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
@@ -139,6 +124,28 @@ variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + Default
 		_ = enc.Encode(out)
 	}
 	return code
+}
+
+// newRoot is the command tree, its commands and flags bound to g.
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pgfence",
+		Short: "Leases with fencing tokens that PostgreSQL itself enforces",
+		Long: `pgfence hands out leases with fencing tokens and makes PostgreSQL refuse
+writes that carry a stale token, inside the writing transaction.
+
+Connection: --database-url, else DATABASE_URL, else the standard libpq
+variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGSERVICE, ...), else ` + DefaultDatabaseURL + `.`,
+		Version:       Version(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetVersionTemplate("pgfence {{.Version}}\n")
+	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL, libpq PG* variables, "+DefaultDatabaseURL+")")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "machine-readable output (one JSON document on stdout; errors as {\"error\", \"exit_code\", \"sqlstate\"}, sqlstate when PostgreSQL raised the error)")
+	root.AddCommand(commands(g)...)
+	typeUsageErrors(root)
+	return root
 }
 
 // jsonError is what --json prints on stdout when a command fails.
@@ -209,6 +216,8 @@ var apiToFlags = strings.NewReplacer(
 	"Config.TTL", "--ttl",
 	"Config.Holder", "--holder",
 	"use AcquireWait to wait for it", "pass --wait to wait for it",
+	"TTL - SafetyMargin", "--ttl - TTL/10",
+	" (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec)", "",
 	" (or gofence.Migrate)", "",
 )
 
@@ -223,11 +232,6 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
-
-// unreachableError marks a server that did not answer at all.
-type unreachableError struct{ error }
-
-func (e unreachableError) Unwrap() error { return e.error }
 
 // usageError marks errors in the command line (exit 2).
 type usageError struct{ error }
@@ -267,8 +271,8 @@ func (g *globals) connString() string {
 	return DefaultDatabaseURL
 }
 
-// connect opens a pool and checks that the server answers, turning a refused
-// connection into advice.
+// connect opens a pool and checks that the server answers, turning a failed
+// connection into its one cause and the fix for it (connectError).
 func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return connectTo(ctx, g.connString())
 }
@@ -293,12 +297,10 @@ func connectTo(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		closePool(pool)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return nil, fmt.Errorf("connecting to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		if ctx.Err() != nil {
+			return nil, err // interrupted, not a connection problem
 		}
-		return nil, unreachableError{fmt.Errorf("cannot reach PostgreSQL at %s:%d (%v); start it (for example `pg_ctlcluster 15 main start`) or point --database-url / DATABASE_URL at a running server",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)}
+		return nil, newConnectError(cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.User, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
 }
@@ -314,12 +316,16 @@ func (g *globals) emit(v any, text func(w io.Writer) error) error {
 }
 
 // client connects and returns a gofence client (and the pool to close).
+// What the client logs goes to stderr as the CLI's own lines (newLogger),
+// unless cfg.Logger is set.
 func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Client, *pgxpool.Pool, error) {
 	pool, err := g.connect(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cfg.Logger == nil {
+		cfg.Logger = newLogger(g.stderr, nil)
+	}
 	c, err := gofence.New(pool, &cfg)
 	if err != nil {
 		closePool(pool)
@@ -328,7 +334,8 @@ func (g *globals) client(ctx context.Context, cfg gofence.Config) (*gofence.Clie
 	return c, pool, nil
 }
 
-// withClient connects, runs fn with a client, and closes both.
+// withClient connects, runs fn with a client, and closes both. A missing
+// privilege on the kit gets its fix (explainDenied).
 func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*gofence.Client) error) error {
 	c, pool, err := g.client(ctx, cfg)
 	if err != nil {
@@ -336,7 +343,7 @@ func (g *globals) withClient(ctx context.Context, cfg gofence.Config, fn func(*g
 	}
 	defer closePool(pool)
 	defer closeClient(c)
-	return fn(c)
+	return explainDenied(ctx, pool, fn(c))
 }
 
 // closeWait bounds closePool and closeClient (a variable for the test of

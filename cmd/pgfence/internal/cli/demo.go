@@ -101,8 +101,8 @@ func runDemo(ctx context.Context, g *globals, ttl time.Duration, throwaway bool)
 	var admin *pgxpool.Pool
 	if !throwaway {
 		admin, err = g.connect(ctx)
-		var unreachable unreachableError
-		if errors.As(err, &unreachable) && g.connString() == DefaultDatabaseURL {
+		var cerr *connectError
+		if errors.As(err, &cerr) && cerr.unreachable && g.connString() == DefaultDatabaseURL {
 			fmt.Fprintf(g.stderr, "pgfence demo: no PostgreSQL answered at %s; trying a throwaway cluster\n", DefaultDatabaseURL)
 			throwaway = true
 		} else if err != nil {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -27,12 +28,29 @@ func newDoctorCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "doctor",
 		Short: "Check the connection, the kit, privileges and the settings fencing depends on",
-		Long: `doctor checks, each with a fix when something is off: the connection and
-server version; whether the kit's migrations are installed, at which version,
-and not dirty; the current role's privileges; synchronous_commit; whether
-asynchronous standbys exist (and what that means for tokens);
-idle_in_transaction_session_timeout; and the difference between this
-machine's clock and the server's. Exit code 1 when a check fails.
+		Long: `doctor checks, each with a fix when something is off:
+  connection          the server answers and lets the role in (the fix
+                      matches the cause)
+  server version      PostgreSQL 13 or newer
+  writable            the server is a primary, not a standby in recovery
+  clock               this machine's clock against the server's
+  migrations          the kit installed, at which version, not dirty
+  privileges          what the current role may do with the kit (or what
+                      keeps it from installing it)
+  protected tables    disabled guards, other roles with TRIGGER, guards of
+                      migration 2
+  settings            the durability settings below are readable
+  synchronous_commit  off or on
+  standbys            asynchronous ones (and what that means for tokens)
+  promotion           setups in which two promotions can take the same
+                      timeline and grant the same tokens
+  idle_in_transaction_session_timeout
+                      0: a paused holder makes grants wait
+  pooler              a connection pooler in front, and its mode
+  token epoch         the functions grants read the epoch from
+  managed service     which one the server's settings suggest
+
+Exit code 1 when a check fails.
 
 doctor only reads: it creates nothing (not even golang-migrate's version
 table), so it is safe to run as any role, before or after installing.`,
@@ -46,8 +64,11 @@ table), so it is safe to run as any role, before or after installing.`,
 				fs = append(fs, finding{check, status, detail, fix})
 			}
 			pool, err := g.connect(ctx)
-			if err != nil {
-				add("connection", "fail", err.Error(), "start PostgreSQL or fix --database-url / DATABASE_URL / PG* variables")
+			var cerr *connectError
+			if errors.As(err, &cerr) {
+				add("connection", "fail", cerr.cause, cerr.fix)
+			} else if err != nil {
+				add("connection", "fail", oneLine(err), "check --database-url / DATABASE_URL / PG* variables")
 			} else {
 				defer closePool(pool)
 				doctorChecks(ctx, pool, add)
@@ -110,10 +131,12 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		add("clock", "ok", fmt.Sprintf("this machine and the server agree within %s", offset.Round(time.Millisecond)), "")
 	}
 
+	database := cfg.Database
 	k, err := readKit(ctx, pool)
 	if err != nil {
 		add("migrations", "fail", err.Error(), "")
 	} else {
+		database = k.Database
 		doctorKit(ctx, pool, k, add)
 		doctorGuards(ctx, pool, k, add)
 	}
@@ -143,7 +166,7 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 	doctorPromotion(ctx, pool, add)
 	if idleTimeout == "0" {
 		add("idle_in_transaction_session_timeout", "warn", "0 (disabled)",
-			"a paused holder with an open guarded transaction makes grants wait (fence.grant_wait) and report busy until it ends; set it, e.g. ALTER DATABASE ... SET idle_in_transaction_session_timeout = '1min'")
+			fmt.Sprintf("a paused holder with an open guarded transaction makes grants wait (fence.grant_wait) and report busy until it ends; set it, e.g. as the database's owner: ALTER DATABASE %s SET idle_in_transaction_session_timeout = '1min'", quoteIdent(database)))
 	} else {
 		add("idle_in_transaction_session_timeout", "ok", idleTimeout, "")
 	}
@@ -170,7 +193,7 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 	switch {
 	case !k.VersionKnown:
 		add("migrations", "fail", fmt.Sprintf("schema fence exists (owner %s), but role %s can read neither %s nor fence.version()", k.KitOwner, k.User, migrations.Table),
-			fmt.Sprintf("as role %s (the kit's owner): SELECT fence.grant_usage('%s')", k.KitOwner, k.User))
+			grantUsageFix(k, false))
 	case k.Dirty:
 		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", k.Version),
 			fmt.Sprintf("as role %s: repair by hand, then pgfence migrate force VERSION", k.KitOwner))
@@ -184,7 +207,7 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 		add("migrations", "ok", fmt.Sprintf("version %d, clean", k.Version), "")
 	}
 
-	grant := fmt.Sprintf("as role %s (the kit's owner): SELECT fence.grant_usage('%s')", k.KitOwner, k.User)
+	grant := grantUsageFix(k, false)
 	if !k.Usage && !k.Super {
 		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (no usage on schema fence)", k.User), grant)
 		return

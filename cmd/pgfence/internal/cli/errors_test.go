@@ -154,3 +154,39 @@ func TestRunExits75OnlyWhenHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestPermissionErrorsNameTheFix: a role without the kit's usage, or
+// without its operator privilege for revoke, is told which grant it lacks,
+// the exact call, and who runs it, as doctor says it.
+func TestPermissionErrorsNameTheFix(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	stranger := pgtest.NewRole(t, "stranger")
+	app := pgtest.NewRole(t, "app")
+	require.NoError(t, sqlfuncs.GrantUsage(t.Context(), db.Pool, app, false))
+	var owner string
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'fence'`).Scan(&owner))
+	marker := filepath.Join(t.TempDir(), "ran")
+
+	usage := "as role " + owner + " (the kit's owner): SELECT fence.grant_usage('" + stranger + "')"
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"acquire without usage", []string{"acquire", "j", "--database-url", db.URLAs(stranger)}, usage},
+		{"status without usage", []string{"status", "--database-url", db.URLAs(stranger)}, usage},
+		{"run without usage", []string{"run", "j", "--database-url", db.URLAs(stranger), "--", "touch", marker}, usage},
+		{"revoke without the operator privilege", []string{"revoke", "orders", "--database-url", db.URLAs(app)},
+			"as role " + owner + " (the kit's owner): SELECT fence.grant_usage('" + app + "', operator => true)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errOut := run(t, c.args...)
+			require.Equal(t, cli.ExitError, code, errOut)
+			require.Contains(t, errOut, "permission denied", "PostgreSQL's own words stay")
+			require.Contains(t, errOut, c.want)
+			require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+			require.NoFileExists(t, marker)
+		})
+	}
+}

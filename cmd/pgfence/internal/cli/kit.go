@@ -15,29 +15,17 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// Version is what pgfence --version prints: the module version (with the
-// VCS revision when built from a clone) and the migration version this build
-// carries.
+// Version is what pgfence --version prints: the module version Go stamped
+// into the binary and the migration version this build carries. A build of
+// a release tag says the tag (v0.3.0); a build from a clone says Go's
+// pseudo-version of the commit (v0.0.0-20261201220928-5acbc3d3c055, with
+// +dirty when the tree has changes that git does not ignore); a build
+// without version control information (-buildvcs=false, a copy of the
+// source without .git) says (devel).
 func Version() string {
-	v, rev, modified := "(devel)", "", false
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if bi.Main.Version != "" {
-			v = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				rev = s.Value
-			case "vcs.modified":
-				modified = s.Value == "true"
-			}
-		}
-	}
-	if v == "(devel)" && rev != "" {
-		v += " " + rev[:min(len(rev), 12)]
-		if modified {
-			v += "+modified"
-		}
+	v := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		v = bi.Main.Version
 	}
 	return fmt.Sprintf("%s, migrations %d", v, migrations.Latest)
 }

@@ -284,11 +284,16 @@ func newStatusCmd(g *globals) *cobra.Command {
 						} else if r.Kind == "session" && r.Live {
 							expires = "with its session"
 						}
-						holder := r.Holder
+						holder, kind := r.Holder, r.Kind
 						if holder == "" {
 							holder = "-"
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Resource, holder, r.Token, r.Kind, state, expires)
+						if kind == "revoked" {
+							// A revoke grants its token to nobody: no lease, of
+							// either kind; STATE says revoked.
+							kind = "-"
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Resource, holder, r.Token, kind, state, expires)
 					}
 					return tw.Flush()
 				})

@@ -229,8 +229,7 @@ func (g *globals) confirm(question string, yes bool) error {
 }
 
 func notReadable(k kitState) error {
-	return fmt.Errorf("schema fence exists, but role %s can read neither %s nor fence.version(): as %s (the kit's owner), run SELECT fence.grant_usage('%s')",
-		k.User, migrations.Table, k.KitOwner, k.User)
+	return fmt.Errorf("schema fence exists, but role %s can read neither %s nor fence.version(): %s", k.User, migrations.Table, grantUsageFix(k, false))
 }
 
 func (g *globals) printVersion(k kitState) error {

@@ -58,6 +58,21 @@ func TestEveryCommandThroughPgBouncer(t *testing.T) {
 	}
 }
 
+// TestStatementCacheThroughPgBouncerIsRefused: the CLI sends no named
+// statements unless the URL asks for pgx's statement cache; through a
+// transaction pooler that shares them, gofence refuses such a URL, and the
+// CLI says which URL parameter fixes it (not gofence's Go API).
+func TestStatementCacheThroughPgBouncerIsRefused(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	pb := pgtest.NewPgBouncer(t, db.URL)
+	code, _, errOut := run(t, "status", "--database-url", pb.URL(db.URL)+"&default_query_exec_mode=cache_statement")
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "add default_query_exec_mode=exec to the connection string")
+	require.NotContains(t, errOut, "Config.")
+	require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+}
+
 // TestDemoThroughPgBouncer: demo creates, uses and drops its own database
 // through the pooler.
 func TestDemoThroughPgBouncer(t *testing.T) {

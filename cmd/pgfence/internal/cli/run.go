@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,9 +23,10 @@ import (
 
 func newRunCmd(g *globals) *cobra.Command {
 	var (
-		ttl, timeout, grace time.Duration
-		holder              string
-		wait, exportURL     bool
+		ttl, timeout, grace    time.Duration
+		holder                 string
+		wait, exportURL        bool
+		conflictCode, lostCode int
 	)
 	cmd := &cobra.Command{
 		Use:   "run RESOURCE [flags] -- COMMAND [ARGS...]",
@@ -45,12 +48,17 @@ deadline itself, which comes before the server could grant the lease to
 anyone else. A shell wrapper cannot keep a grandchild alive: the whole group
 is signalled.
 
-Exit code: COMMAND's own (128+N when killed by signal N); 75 when another
-holder has the lease (or, with --wait --timeout, still had it at the
-timeout): COMMAND never started; 76 when the lease was lost and COMMAND was
-stopped; 1 for every other failure (no kit, no server, no privilege), so
-that 75 can safely mean "another instance is running".`,
+Exit code: COMMAND's own when it ran to its end (128+N when killed by signal
+N); 75 (-E/--conflict-exit-code) when another holder has the lease (or,
+with --wait --timeout, still had it at the timeout): COMMAND never started;
+76 (--lost-exit-code) when the lease was lost and COMMAND was stopped; 1 for
+every other failure before COMMAND started (no kit, no server, no
+privilege); 2 for a command line that does not parse. COMMAND may exit with
+any of these itself: a script that must tell "another holder" or "lost"
+from COMMAND's own code picks codes COMMAND never uses, as with flock(1)'s
+-E (pgfence run job -E 200 --lost-exit-code 201 -- ./job).`,
 		Example: `  pgfence run nightly-report -- ./report.sh
+  pgfence run nightly-report -E 0 -- ./report.sh      # another instance runs: exit 0, quietly done
   pgfence run nightly-report --wait --timeout 10m --ttl 1m -- sh -c 'psql -c "..." '
   pgfence run billing --export-url -- ./bill --token-from-env`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -63,27 +71,46 @@ that 75 can safely mean "another instance is running".`,
 			if timeout > 0 && !wait {
 				return usageError{errors.New("--timeout goes with --wait")}
 			}
-			cfg := gofence.Config{TTL: ttl, Holder: holder}
+			for _, c := range []struct {
+				flag string
+				code int
+			}{{"--conflict-exit-code", conflictCode}, {"--lost-exit-code", lostCode}} {
+				if c.code < 0 || c.code > 255 {
+					return usageError{fmt.Errorf("%s %d: an exit code is 0 to 255", c.flag, c.code)}
+				}
+			}
+			// The watchdog reports a lost lease in its own line, with what it
+			// does about it: gofence's line for it would say it twice.
+			cfg := gofence.Config{TTL: ttl, Holder: holder, Logger: newLogger(g.stderr, func(r slog.Record) bool {
+				return r.Message == "pgfence: lease lost"
+			})}
 			if grace <= 0 {
 				grace = min(5*time.Second, ttl/5)
 			}
 			if grace >= ttl/2 {
 				return usageError{fmt.Errorf("--grace %s must be under half the TTL (%s)", grace, ttl)}
 			}
-			return runUnderLease(cmd.Context(), g, cfg, args[0], args[1:], wait, timeout, grace, exportURL)
+			codes := runCodes{conflict: conflictCode, lost: lostCode}
+			return runUnderLease(cmd.Context(), g, cfg, args[0], args[1:], wait, timeout, grace, exportURL, codes)
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "lease time to live; renewed every TTL/3 while the command runs")
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the lease instead of exiting 75 when another holder has it")
-	cmd.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long (exit 75)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the lease instead of exiting when another holder has it")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long (exit --conflict-exit-code)")
+	cmd.Flags().IntVarP(&conflictCode, "conflict-exit-code", "E", ExitRunNotAcquired, "exit code when another holder has the lease and COMMAND did not start (flock -E)")
+	cmd.Flags().IntVar(&lostCode, "lost-exit-code", ExitRunLost, "exit code when the lease was lost and COMMAND was stopped")
 	cmd.Flags().DurationVar(&grace, "grace", 0, "time between SIGTERM and SIGKILL on lease loss (default min(5s, TTL/5))")
 	cmd.Flags().StringVar(&holder, "holder", "", "holder name shown in status (default host/pid/random)")
 	cmd.Flags().BoolVar(&exportURL, "export-url", false, "also pass the connection URL to the command as DATABASE_URL")
 	return cmd
 }
 
+// runCodes are the exit codes of pgfence run's own outcomes (flags
+// --conflict-exit-code and --lost-exit-code).
+type runCodes struct{ conflict, lost int }
+
 func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource string, argv []string,
-	wait bool, timeout, grace time.Duration, exportURL bool) error {
+	wait bool, timeout, grace time.Duration, exportURL bool, codes runCodes) error {
 	c, pool, err := g.client(ctx, cfg)
 	if err != nil {
 		return err
@@ -96,19 +123,19 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 
 	lease, err := takeLease(ctx, c, resource, wait, timeout)
 	if err != nil {
-		// 75 means "held by another" and nothing else: a cron wrapper reads
-		// it as "another instance is running", so an outage (no kit, no
-		// server, no privilege) must not look like one.
+		// The conflict code means "held by another" and nothing else: a cron
+		// wrapper reads it as "another instance is running", so an outage
+		// (no kit, no server, no privilege) must not look like one.
 		var held *gofence.HeldError
 		switch {
 		case errors.As(err, &held):
-			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: %s", resource, argv[0], heldMessage(held))}
+			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: %s", resource, argv[0], heldMessage(held))}
 		case errors.Is(err, gofence.ErrHeld):
-			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: %w", resource, argv[0], err)}
+			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: %w", resource, argv[0], err)}
 		case wait && timeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			return exitError{ExitRunNotAcquired, fmt.Errorf("%s not acquired, %s not started: not granted within %s (--timeout; another holder kept it)", resource, argv[0], timeout)}
+			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: not granted within %s (--timeout; another holder kept it)", resource, argv[0], timeout)}
 		}
-		return err
+		return explainDenied(ctx, pool, err)
 	}
 
 	child := exec.Command(argv[0], argv[1:]...)
@@ -198,12 +225,35 @@ loop:
 			lost := lease.Err() != nil
 			if termAt.IsZero() && (lost || left < grace) {
 				termAt = time.Now()
-				fmt.Fprintf(g.stderr, "pgfence: lease on %s is being lost (%s); sending SIGTERM to %s\n", resource, lossReason(lease, left), argv[0])
-				_ = syscall.Kill(-pgid, syscall.SIGTERM)
+				what := lossReason(lease, resource, left)
+				if left < grace/4 {
+					// Too late for SIGTERM to be of use: a SIGTERM and a
+					// SIGKILL in one instant would read as "did not stop"
+					// for a command that had no time to.
+					killed = true
+					if lost {
+						what += "; too late for SIGTERM (" + deadlineLeft(left) + ")"
+					} else {
+						what += "; too late for SIGTERM"
+					}
+					fmt.Fprintf(g.stderr, "pgfence: %s: sending SIGKILL to %s\n", what, argv[0])
+					_ = syscall.Kill(-pgid, syscall.SIGKILL)
+				} else {
+					fmt.Fprintf(g.stderr, "pgfence: %s; sending SIGTERM to %s\n", what, argv[0])
+					_ = syscall.Kill(-pgid, syscall.SIGTERM)
+				}
 			}
 			if !termAt.IsZero() && !killed && (left < grace/4 || time.Since(termAt) > grace*3/4) {
+				// Say "still runs" only of a command that does: it may
+				// have ended on the SIGTERM since the last look.
+				select {
+				case waitErr = <-exited:
+					break loop
+				default:
+				}
 				killed = true
-				fmt.Fprintf(g.stderr, "pgfence: %s did not stop; sending SIGKILL\n", argv[0])
+				fmt.Fprintf(g.stderr, "pgfence: %s still runs %s after SIGTERM (%s); sending SIGKILL\n",
+					argv[0], time.Since(termAt).Round(time.Millisecond), deadlineLeft(left))
 				_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			}
 		}
@@ -211,14 +261,16 @@ loop:
 	_ = syscall.Kill(-pgid, syscall.SIGKILL) // nothing of the group outlives the command
 	restoreForeground()
 
-	code := 0
+	code, ended := 0, "exited with status 0"
 	var exitErr *exec.ExitError
 	switch {
 	case waitErr == nil:
 	case errors.As(waitErr, &exitErr):
 		code = exitErr.ExitCode()
+		ended = fmt.Sprintf("exited with status %d", code)
 		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			code = 128 + int(ws.Signal())
+			ended = fmt.Sprintf("ended on %s (exit status %d)", signalName(ws.Signal()), code)
 		}
 	default:
 		return fmt.Errorf("waiting for %s: %w", argv[0], waitErr)
@@ -232,7 +284,7 @@ loop:
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		_ = lease.Release(done)
-		return exitError{ExitRunLost, fmt.Errorf("lost the lease on %s; %s was stopped (exit %d)", resource, argv[0], code)}
+		return exitError{codes.lost, fmt.Errorf("%s %s after the lease on %s was lost", argv[0], ended, resource)}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -262,9 +314,28 @@ func takeForeground(tty int) {
 	_ = unix.IoctlSetPointerInt(tty, unix.TIOCSPGRP, syscall.Getpgrp())
 }
 
-func lossReason(l *gofence.Lease, left time.Duration) string {
+// lossReason says what the watchdog saw: the lease lost (and why), or about
+// to be, with no renewal succeeding.
+func lossReason(l *gofence.Lease, resource string, left time.Duration) string {
 	if err := l.Err(); err != nil {
-		return err.Error()
+		why := strings.TrimPrefix(err.Error(), gofence.ErrLost.Error()+": "+resource+": ")
+		return fmt.Sprintf("lost the lease on %s (%s)", resource, apiToFlags.Replace(strings.ReplaceAll(why, "pgfence: ", "")))
 	}
-	return fmt.Sprintf("no renewal succeeded; %s left before the local trust deadline", left.Round(time.Millisecond))
+	return fmt.Sprintf("the lease on %s is about to be lost (no renewal succeeded; %s)", resource, deadlineLeft(left))
+}
+
+// deadlineLeft says how far the local trust deadline is.
+func deadlineLeft(left time.Duration) string {
+	if left <= 0 {
+		return "the local trust deadline has passed"
+	}
+	return fmt.Sprintf("%s left before the local trust deadline", left.Round(time.Millisecond))
+}
+
+// signalName is the name of sig as the docs and shells write it (SIGTERM).
+func signalName(sig syscall.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return name
+	}
+	return fmt.Sprintf("signal %d", int(sig))
 }
