@@ -341,3 +341,34 @@ func TestNoTokenIsGrantedTwiceWhateverRunsAtCommit(t *testing.T) {
 		require.True(t, errors.Is(err, sqlfuncs.ErrStaleToken) || errors.Is(err, sqlfuncs.ErrUnknownToken), "%s: %v", w.res, err)
 	}
 }
+
+// TestPreparedGrantIsNeverHandedOutAgain: PREPARE TRANSACTION around a
+// grant (design.md listed it as a durability hole until 007). PREPARE
+// flushes the grant; ROLLBACK PREPARED undoes it, but the counter value it
+// took stays taken (sequences are not transactional), so the next grant is
+// above it, also across a crash between the two; the rolled-back token was
+// never granted and is refused.
+func TestPreparedGrantIsNeverHandedOutAgain(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{Config: map[string]string{"max_prepared_transactions": "2"}})
+	conn := connect(t, ctx, c.URL(), false)
+	mustAcquire(t, ctx, conn, "prepared/warm-up", "admin")
+	var prepared int64
+	for _, s := range []string{`BEGIN`, `SELECT fence.acquire('prepared/a', 'A', '1 hour')`, `PREPARE TRANSACTION 'grant'`} {
+		if s == `SELECT fence.acquire('prepared/a', 'A', '1 hour')` {
+			require.NoError(t, conn.QueryRow(ctx, s).Scan(&prepared))
+			continue
+		}
+		_, err := conn.Exec(ctx, s)
+		require.NoError(t, err, s)
+	}
+	c.Stop(t, "immediate")
+	c.Start(t)
+	conn = connect(t, ctx, c.URL(), false)
+	_, err := conn.Exec(ctx, `ROLLBACK PREPARED 'grant'`)
+	require.NoError(t, err)
+	next := mustAcquire(t, ctx, conn, "prepared/a", "B")
+	require.Greater(t, next, prepared)
+	require.ErrorIs(t, sqlfuncs.Check(ctx, conn, "prepared/a", prepared), sqlfuncs.ErrStaleToken)
+}
