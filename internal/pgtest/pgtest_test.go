@@ -3,6 +3,7 @@ package pgtest_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -154,4 +155,37 @@ func TestStandbyPromotion(t *testing.T) {
 	var tli string
 	require.NoError(t, conn.QueryRow(t.Context(), "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)").Scan(&tli))
 	require.Equal(t, "00000002", tli)
+}
+
+// A delayed direction holds every reply for the delay, in order, and counts
+// the bytes it holds; the other direction stays fast, and a delay of 0 lets
+// what is held go at once.
+func TestProxyDelay(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	proxy := pgtest.NewProxy(t, db.URL)
+	conn, err := pgx.Connect(t.Context(), proxy.URL(db.URL))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var n int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT 1").Scan(&n))
+
+	proxy.Delay(pgtest.ToClient, 300*time.Millisecond)
+	start := time.Now()
+	var sent time.Time
+	// One round trip (no prepare step before it).
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT clock_timestamp()", pgx.QueryExecModeExec).Scan(&sent))
+	took := time.Since(start)
+	require.GreaterOrEqual(t, took, 300*time.Millisecond, "the reply came early")
+	require.Less(t, sent.Sub(start), 250*time.Millisecond, "the request was held too (it reached the server %s after it was sent)", sent.Sub(start))
+
+	proxy.Delay(pgtest.ToClient, time.Hour)
+	done := make(chan error, 1)
+	go func() { done <- conn.QueryRow(t.Context(), "SELECT 2").Scan(&n) }()
+	require.Eventually(t, func() bool { return proxy.Pending(pgtest.ToClient) > 0 }, 5*time.Second, time.Millisecond)
+	require.Zero(t, proxy.Pending(pgtest.ToServer))
+	proxy.Delay(pgtest.ToClient, 0)
+	require.NoError(t, <-done)
+	require.Equal(t, 2, n)
+	require.Zero(t, proxy.Pending(pgtest.ToClient))
 }
