@@ -37,10 +37,12 @@ type Lease struct {
 	expiresAt time.Time   // the server's expiry, as last reported
 	lossTimer *time.Timer // fires loss at the trust deadline
 
-	// releaseMu lets one Release run at a time (a second call retries a
-	// failed first one) without blocking the readers of mu's fields.
-	releaseMu sync.Mutex
-	released  bool // the server confirmed the release (or the session is gone)
+	// releasing lets one Release run at a time (a second call retries a
+	// failed first one) without blocking the readers of mu's fields; a
+	// channel of one, so that a second call waits only as long as its ctx
+	// allows.
+	releasing chan struct{}
+	released  bool // the server confirmed the release (or the session is gone); guarded by releasing
 }
 
 // Acquire tries once to take a TTL lease on resource. When another live lease
@@ -154,7 +156,7 @@ func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t lea
 	return &Lease{
 		c: c, t: t, resource: resource, token: token, session: session,
 		ctx: ctx, cancel: cancel, renewCtx: renewCtx, renewCancel: renewCancel,
-		keepaliveDone: make(chan struct{}),
+		keepaliveDone: make(chan struct{}), releasing: make(chan struct{}, 1),
 	}
 }
 
@@ -390,9 +392,20 @@ func (l *Lease) Renew(ctx context.Context) error {
 // lost reply never touches a newer lease (fence.release only ends the lease
 // that carries this token). When the release cannot reach the server, the
 // lease still ends on the server at its expiry.
+//
+// A Release that finds another Release of the lease still trying waits for
+// it only as long as ctx allows, and then returns an error that says so.
 func (l *Lease) Release(ctx context.Context) error {
-	l.releaseMu.Lock()
-	defer l.releaseMu.Unlock()
+	select {
+	case l.releasing <- struct{}{}:
+	default: // another Release is running: wait for it, bounded by ctx
+		select {
+		case l.releasing <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("pgfence: releasing %s: another Release of it is still trying (it ends on its own at expiry): %w", l.resource, context.Cause(ctx))
+		}
+	}
+	defer func() { <-l.releasing }()
 	if l.released {
 		return nil
 	}

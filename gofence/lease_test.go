@@ -322,6 +322,49 @@ func TestReleaseHonoursCtxWhileARenewalHangs(t *testing.T) {
 	require.Less(t, time.Since(start), time.Second, "Release did not honour its ctx (200ms)")
 }
 
+// A Release honours its ctx while another Release of the same lease is
+// still trying to reach an unreachable server. (It used to wait for the
+// other call's mutex without looking at its ctx: a second Release with a
+// 500ms ctx was still blocked after 3s.)
+func TestReleaseHonoursCtxWhileAnotherReleaseRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy := pgtest.NewProxy(t, b.db.URL)
+	viaProxy := b.pool(t, proxy.URL(b.db.URL))
+	c := b.client(t, viaProxy, gofence.Config{TTL: 30 * time.Second})
+	l, err := c.Acquire(b.ctx, "job")
+	require.NoError(t, err)
+
+	proxy.Freeze()
+	defer proxy.Thaw()
+	firstCtx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { first <- l.Release(firstCtx) }()
+	// The first Release has ended the lease locally and now waits for the server.
+	require.Eventually(t, func() bool { return errors.Is(l.Err(), gofence.ErrReleased) }, 5*time.Second, time.Millisecond)
+
+	ctx, cancel2 := context.WithTimeout(b.ctx, 500*time.Millisecond)
+	defer cancel2()
+	start := time.Now()
+	second := make(chan error, 1)
+	go func() { second <- l.Release(ctx) }()
+	select {
+	case err := <-second:
+		took := time.Since(start)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "another Release")
+		require.Less(t, took, 2*time.Second)
+		t.Logf("the second Release returned after %s (ctx 500ms)", took.Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second Release ignored its 500ms ctx while the first one waited for the server")
+	}
+	proxy.Thaw()
+	require.NoError(t, <-first)
+	require.False(t, b.serverLive(t, "job"))
+	require.NoError(t, l.Release(b.ctx), "idempotent")
+}
+
 // Release after the lease was lost in a partition (the usual cause of loss)
 // returns nil, as its doc says. (It used to return an error.)
 func TestReleaseAfterLossInPartitionReturnsNil(t *testing.T) {
