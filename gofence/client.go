@@ -83,10 +83,17 @@ type Client struct {
 	installed atomic.Bool
 	pooler    poolerCheck // pooler.go: the statement-cache check of the first calls
 
-	mu     sync.Mutex // guards closed, notify and leases
+	mu     sync.Mutex // guards closed, notify, leases and stop
 	closed bool
 	notify *notifier
 	leases map[*Lease]struct{} // held (neither released nor lost), for Close
+
+	// inflight counts the calls that can still grant a lease (see begin);
+	// Close waits for them. stop (made on first use) ends when Close stops
+	// waiting: the calls then give up what they still wait for.
+	inflight sync.WaitGroup
+	stop     context.Context
+	stopAll  context.CancelFunc
 }
 
 // New returns a client over pool (which it never closes). A nil cfg gives
@@ -225,32 +232,48 @@ func (c *Client) Holder() string { return c.cfg.Holder }
 // Config returns the client's configuration with the defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// closeReleaseTimeout bounds each release that Close makes (ReleaseOnClose).
-const closeReleaseTimeout = 5 * time.Second
+// closeTimeout bounds how long Close waits for the acquires in flight, and
+// each release that Close makes (ReleaseOnClose).
+const closeTimeout = 5 * time.Second
 
-// Close stops the client's background listener; with
-// Config.ReleaseOnClose it first releases every lease the client still
+// Close stops the client: from its start, Acquire, AcquireWait,
+// AcquireSession and AcquireSessionWait return ErrClosed. It first waits for
+// the acquires already in flight, so that none can grant a lease after
+// Close returned: a grant that comes back during Close is given back at once
+// (those calls return ErrClosed). That wait is bounded (5s): an acquire still
+// waiting for the server then is cut off; if its request reaches the server
+// after all, the lease it grants is nobody's and ends at its TTL. With
+// Config.ReleaseOnClose, Close then releases every lease the client still
 // holds (they end with ErrReleased; each release is bounded by 5s, and one
 // that cannot reach the server leaves its lease to expire at its TTL).
 // Without it, leases already granted are the caller's: they keep renewing
 // until released or lost (release them first, or use Do or Elect, which
-// release). After Close, Acquire, AcquireWait and AcquireSession return ErrClosed.
-// Close is idempotent.
+// release). Last, Close stops the background listener. Close is idempotent.
 func (c *Client) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	c.shutdown(ctx)
+}
+
+// shutdown is Close with its wait for the acquires in flight bounded by ctx.
+func (c *Client) shutdown(ctx context.Context) {
 	c.mu.Lock()
 	c.closed = true
 	n := c.notify
+	c.mu.Unlock()
+	c.waitInflight(ctx)
 	var held []*Lease
 	if c.cfg.ReleaseOnClose {
+		c.mu.Lock()
 		for l := range c.leases {
 			held = append(held, l)
 		}
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, l := range held {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 			defer cancel()
 			if err := l.Release(ctx); err != nil {
 				c.log.Warn("pgfence: release at Close failed; the lease ends at its expiry", "resource", l.resource, "error", err.Error())
@@ -261,6 +284,72 @@ func (c *Client) Close() {
 	if n != nil {
 		n.close()
 	}
+}
+
+// waitInflight waits until no call can grant a lease any more, or until
+// ctx is done: then it stops the calls still in flight (each gives up what
+// it waits for, which its context bounds too) and waits for them to return.
+func (c *Client) waitInflight(ctx context.Context) {
+	idle := make(chan struct{})
+	go func() {
+		c.inflight.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+		return
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if c.stopAll != nil {
+		c.stopAll()
+	}
+	c.mu.Unlock()
+	c.log.Warn("pgfence: Close stopped acquires that the server did not answer in time; a grant that reaches the server later is nobody's and ends at its TTL")
+	<-idle
+}
+
+// call is one acquire in flight, which Close waits for (Client.begin).
+type call struct {
+	// stop ends when Close stops waiting for the calls in flight.
+	stop context.Context
+	once *sync.Once
+	c    *Client
+}
+
+// begin registers an acquire that can grant a lease; it refuses with
+// ErrClosed once Close has begun. The call must end with done once nothing
+// it started can grant any more and what it granted is either tracked (so
+// that Close sees the lease) or given back.
+func (c *Client) begin() (call, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return call{}, ErrClosed
+	}
+	if c.stop == nil {
+		c.stop, c.stopAll = context.WithCancel(context.Background())
+	}
+	c.inflight.Add(1)
+	return call{stop: c.stop, once: new(sync.Once), c: c}, nil
+}
+
+// done ends the call (once; later calls do nothing).
+func (k call) done() { k.once.Do(k.c.inflight.Done) }
+
+// ensureInstalled is Client.ensureInstalled, also cut off when Close stops
+// waiting.
+func (k call) ensureInstalled(ctx context.Context) error {
+	ctx, cancel := k.bound(ctx)
+	defer cancel()
+	return k.c.ensureInstalled(ctx)
+}
+
+// bound derives from ctx a context that also ends when Close stops waiting.
+func (k call) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(k.stop, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // track registers a new lease for Close, until it ends. It refuses (false)
@@ -278,13 +367,6 @@ func (c *Client) track(l *Lease) bool {
 		c.mu.Unlock()
 	})
 	return true
-}
-
-// isClosed reports whether Close was called.
-func (c *Client) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
 }
 
 // ensureInstalled checks once that schema fence is installed at the version

@@ -35,11 +35,15 @@ func optionsOf(holder string, ttl time.Duration) []LeaseOption {
 
 // Do takes a lease on resource (waiting for it unless opts.NoWait), runs fn
 // with a context that is cancelled when the lease is lost or ctx is done,
-// and releases the lease when fn returns. Inside fn, write through
-// lease.Tx so that the database refuses the writes if the lease was lost.
+// and releases the lease when fn returns. The context's Err and Done look
+// at the lease's trust deadline themselves (as Lease.Err does), so they say
+// "lost" from the deadline on, even before the loss timer has run. Inside
+// fn, write through lease.Tx so that the database refuses the writes if the
+// lease was lost.
 //
 // Do returns fn's error. When the lease was lost while fn ran, the error
-// also matches ErrLost.
+// also matches ErrLost. A grant that came back after its trust deadline is
+// given back, and Do returns an error matching ErrLost without running fn.
 func (c *Client) Do(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, lease *Lease) error) error {
 	var (
 		l   *Lease
@@ -82,6 +86,10 @@ func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error)
 			release()
 		}
 	}()
+	if l.Err() != nil { // the trust deadline passed before fn could start
+		release()
+		return lost, lost
+	}
 	ferr := fn(fctx, l)
 	release()
 	if ferr != nil && lost != nil && !errors.Is(ferr, lost) {
@@ -104,12 +112,15 @@ type ElectOptions struct {
 }
 
 // Elect campaigns for leadership of name and runs fn while this process
-// leads, with a context cancelled when leadership is lost. When fn returns
+// leads, with a context cancelled when leadership is lost (its Err and Done
+// look at the lease's trust deadline themselves, as in Do). When fn returns
 // after a loss, Elect campaigns again; when ctx is done it steps down,
 // releasing the lease so the next leader is elected at once (not after a
-// TTL), and returns ctx's error; when fn returns on its own (nil or an
-// error), Elect steps down and returns fn's result. The lease's token is the
-// leader's term: terms strictly increase.
+// TTL), and returns ctx's error; a grant still on its way then is given
+// back when it comes. When fn returns on its own (nil or an error), Elect
+// steps down and returns fn's result. A grant that came back after its
+// trust deadline is given back without running fn, and Elect campaigns
+// again. The lease's token is the leader's term: terms strictly increase.
 func (c *Client) Elect(ctx context.Context, name string, opts *ElectOptions, fn func(ctx context.Context, lease *Lease) error) error {
 	var o ElectOptions
 	if opts != nil {

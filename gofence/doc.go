@@ -20,14 +20,31 @@
 //     writing after its lease was lost (a pause longer than any margin, a
 //     clock that jumped), the database refuses its writes once a newer token
 //     exists: Lease.Tx returns an error matching ErrStaleToken.
-//   - A lease reports its loss no later than its local trust deadline: the
-//     time the acquire or the last successful renewal was sent, plus the TTL,
-//     minus Config.SafetyMargin, measured on the local monotonic clock. The
-//     server computes the expiry from its own clock, read after the request
-//     arrived, so while the clocks run at the same rate the server's expiry
-//     is later: the holder knows it lost the lease before anyone else can be
-//     granted it, even if the database never answers again. The margin covers
-//     the difference in rate over one TTL and the scheduling of the signal.
+//   - No call returns, and no accessor reports, a lease as held at a local
+//     time past its trust deadline: the time the acquire or the last
+//     successful renewal was sent, plus the TTL, minus Config.SafetyMargin,
+//     measured on the local monotonic clock. The server computes the expiry
+//     from its own clock, read after the request arrived, so while the
+//     clocks run at the same rate the server's expiry is later: the holder
+//     is told it lost the lease before anyone else can be granted it, even
+//     if the database never answers again. The margin covers the difference
+//     in rate over one TTL. In particular:
+//   - Acquire, AcquireWait, Do and Elect compare the clock with the deadline
+//     before they hand a lease over. A grant whose reply came after it (a
+//     slow network, a server that answered late) is given back at once, and
+//     the call returns an error matching ErrLost that says why; Do and Elect
+//     do not run fn under it.
+//   - Lease.Err, Lease.Done, Lease.Context and the context that Do and Elect
+//     give fn look at the clock themselves each time they are asked, rather
+//     than wait for the loss timer's goroutine: a process that was paused
+//     past its deadline sees the loss at its first look. The timer only wakes
+//     the goroutines that block on Done (and the contexts derived from
+//     these). A renewal whose reply comes after the deadline does not bring
+//     the lease back.
+//   - A call whose context ends while its grant is on its way returns at
+//     once; the grant runs to completion (bounded, 5s after the caller left)
+//     and the token it brings is given back, so the next holder or candidate
+//     is granted the lease without waiting for a TTL.
 //   - Transient errors (broken connections, timeouts, a restarting server)
 //     never end a lease on their own: renewals are retried every
 //     RetryInterval until the trust deadline. A renewal that the server
@@ -50,10 +67,32 @@
 //	                     v
 //	                   lost (Err: ErrLost; Done closed; Context cancelled)
 //
-// A lost lease stays lost; Release after loss returns nil. With
-// Config.ReleaseOnClose, Client.Close releases every lease still held (they
-// end with ErrReleased), so a closed client leaves nothing that renews
-// itself; by default leases are the caller's and outlive Close.
+// A lost lease stays lost; Release after loss returns nil. Release is
+// bounded by its context, also while another Release of the same lease is
+// still trying. Client.Close waits (at most 5s) for the acquires in flight,
+// so that none grants a lease after Close returned; a grant that comes back
+// during Close is given back. With Config.ReleaseOnClose, Client.Close then
+// releases every lease still held (they end with ErrReleased), so a closed
+// client leaves nothing that renews itself; by default leases are the
+// caller's and outlive Close.
+//
+// # What a paused process can and cannot know
+//
+// A process can be stopped at any instruction: a GC pause, SIGSTOP, a
+// virtual machine that loses its CPU, swap. When it runs again, its first
+// look at the lease (Err, Done, the Err or Done of Lease.Context or of fn's
+// context) says lost if the trust deadline passed meanwhile; no look
+// answers from a state that a timer has not caught up with yet. What no
+// library can prevent is a pause that falls between a look and the side
+// effect that the look allowed: a process that saw "held", was paused past
+// its deadline, and then sends a message, writes a file, calls another
+// service or makes an unfenced insert does so late, perhaps while another
+// holder works. Only a write that the protected resource checks against the
+// token itself (Lease.Tx, Lease.UseToken, or a service that compares tokens)
+// is safe against that. For the rest, keep the window small: look right
+// before each side effect, and pass fn's context (or Lease.Context) to the
+// call that makes it (pgx looks at ctx.Done before it sends a query, and so
+// at the clock).
 //
 // # Defaults and why
 //
@@ -116,10 +155,12 @@
 // # Leader election
 //
 // Elect is AcquireWait, then the function under the lease, then Release, in a loop:
-// a leader whose lease is lost sees its context cancelled (before its trust
-// deadline, so before another candidate can be elected) and campaigns again.
-// The lease token is the term number. Cancelling Elect's context steps down
-// and releases, so the next leader is elected at once, not after a TTL.
+// a leader whose lease is lost sees its context end (its Err and Done say so
+// from the trust deadline on, so before another candidate can be elected)
+// and campaigns again. The lease token is the term number. Cancelling
+// Elect's context steps down and releases, so the next leader is elected at
+// once, not after a TTL; that holds also when the context ends while a
+// grant of this candidate is on its way (it is given back when it comes).
 //
 // # Migrations
 //

@@ -34,7 +34,10 @@ var (
 	// *HeldError that says who and until when.
 	ErrHeld = errors.New("pgfence: resource is held by another lease")
 	// ErrLost: the lease ended without Release: it was superseded, revoked,
-	// or could not be renewed before its local trust deadline.
+	// or could not be renewed before its local trust deadline. Acquire,
+	// AcquireWait, Do and Elect also return it for a grant whose reply came
+	// only after its trust deadline: that grant was given back, never
+	// handed over.
 	ErrLost = errors.New("pgfence: lease lost")
 	// ErrReleased: the lease was released by its holder.
 	ErrReleased = errors.New("pgfence: lease released")
@@ -72,9 +75,11 @@ func (e *HeldError) Unwrap() error { return ErrHeld }
 // (a broken or refused connection, a timeout), and the PostgreSQL errors of
 // a server in trouble (connection, resources, shutdown, serialization,
 // deadlock, lock timeout). Fencing outcomes, bad input and missing
-// privileges are answers, and final.
+// privileges are answers, and final; so is a lost lease (a grant that came
+// back after its trust deadline: AcquireWait says so instead of asking
+// again).
 func transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed) || errors.Is(err, ErrLost) {
 		return false
 	}
 	var pgErr *pgconn.PgError

@@ -13,9 +13,10 @@ import (
 )
 
 // Lease is a granted lease with its fencing token. It renews itself in the
-// background until Release, and signals loss through Done and Context no
-// later than its local trust deadline. Its methods are safe for concurrent
-// use.
+// background until Release, and reports its loss (Err, Done, Context) no
+// later than its local trust deadline: those look at the clock themselves,
+// so they never say "held" at a local time past the deadline, also right
+// after the process was paused. Its methods are safe for concurrent use.
 type Lease struct {
 	c        *Client
 	t        leaseTimings // holder, TTL and the intervals that follow from it
@@ -23,8 +24,9 @@ type Lease struct {
 	token    int64
 	session  *pgx.Conn // the dedicated connection of a session lease; nil for TTL leases
 
-	ctx    context.Context
+	ctx    context.Context // ends at loss or release; Context returns view
 	cancel context.CancelCauseFunc
+	view   *leaseContext
 	// renewCtx ends with the lease or when Release stops the keepalive, so
 	// that a renewal stuck in a partition does not hold Release up.
 	renewCtx      context.Context
@@ -49,6 +51,13 @@ type Lease struct {
 // holds it, the error is a *HeldError (errors.Is(err, ErrHeld)) that names
 // the holder and its expiry. Options (WithHolder, WithTTL) override the
 // Client's Config for this lease.
+//
+// The lease is handed over only before its trust deadline (the request's
+// send time + TTL - SafetyMargin): a grant whose reply came later is given
+// back at once, and the error matches ErrLost and says why. When ctx ends
+// while the grant is on its way, Acquire returns ctx's cause at once; the
+// grant runs to completion in the background (at most 5s longer) and
+// whatever it was granted is given back, so nobody waits for its TTL.
 func (c *Client) Acquire(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
 	t, err := c.leaseTimings(opts)
 	if err != nil {
@@ -59,40 +68,49 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...LeaseOpti
 
 // acquire tries once; waiting asks the holder's release to NOTIFY (AcquireWait).
 func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t leaseTimings) (*Lease, error) {
-	if c.isClosed() {
-		return nil, ErrClosed
+	k, err := c.begin()
+	if err != nil {
+		return nil, err
 	}
-	if err := c.ensureInstalled(ctx); err != nil {
+	if err := k.ensureInstalled(ctx); err != nil {
+		k.done()
 		return nil, err
 	}
 	grant := sqlfuncs.Acquire
 	if waiting {
 		grant = sqlfuncs.AcquireWaiting
 	}
-	// The trust deadline counts from the moment the request is sent: the
-	// server reads its clock later than that, so its expiry is later too.
-	sentAt := time.Now()
-	tok, ok, err := grant(ctx, c.pool, resource, t.holder, t.ttl)
-	if err != nil {
-		return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
-	}
-	if !ok {
+	r, err := c.grant(ctx, k, resource, func(ctx context.Context, db sqlfuncs.DB) (int64, bool, error) {
+		return grant(ctx, db, resource, t.holder, t.ttl)
+	})
+	if err != nil || !r.ok {
+		k.done()
+		if err != nil {
+			return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
+		}
 		return nil, c.heldError(ctx, resource)
 	}
-	l := c.newLease(resource, tok, nil, t)
+	// The trust deadline counts from the moment the request was sent: the
+	// server reads its clock later than that, so its expiry is later too.
+	deadline := r.sentAt.Add(t.ttl - t.margin)
+	if late := time.Since(deadline); late >= 0 {
+		// Handed over now, the lease would be held past its deadline (and
+		// perhaps by someone else already, by the server's clock).
+		return nil, lateGrant(resource, r.token, late, t, c.giveBackWaiting(ctx, k, resource, r.token))
+	}
+	l := c.newLease(resource, r.token, nil, t)
 	// Set before track: from then on Close may Release the lease.
-	l.deadline = sentAt.Add(t.ttl - t.margin)
+	l.deadline = deadline
 	l.lossTimer = time.AfterFunc(time.Until(l.deadline), l.trustDeadlinePassed)
 	if !c.track(l) { // Close ran meanwhile: give the lease straight back
 		l.lossTimer.Stop()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
-		defer cancel()
-		_, _ = sqlfuncs.Release(rctx, c.pool, resource, tok)
 		l.cancel(ErrClosed)
+		_ = c.giveBackWaiting(ctx, k, resource, r.token)
 		return nil, ErrClosed
 	}
-	go l.keepalive(sentAt)
-	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", tok, "holder", t.holder)
+	k.done()
+	go l.keepalive(r.sentAt)
+	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", r.token, "holder", t.holder)
 	return l, nil
 }
 
@@ -117,9 +135,15 @@ func (c *Client) AcquireSession(ctx context.Context, resource string, opts ...Le
 
 // acquireSession tries once to take a session lease.
 func (c *Client) acquireSession(ctx context.Context, resource string, t leaseTimings) (*Lease, error) {
-	if c.isClosed() {
-		return nil, ErrClosed
+	// Close waits for this call, and cuts it off when it stops waiting: the
+	// session then closes, and with it ends any lease it was granted.
+	k, err := c.begin()
+	if err != nil {
+		return nil, err
 	}
+	defer k.done()
+	ctx, cancel := k.bound(ctx)
+	defer cancel()
 	if err := c.ensureInstalled(ctx); err != nil {
 		return nil, err
 	}
@@ -153,11 +177,13 @@ func (c *Client) acquireSession(ctx context.Context, resource string, t leaseTim
 func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t leaseTimings) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	renewCtx, renewCancel := context.WithCancel(ctx)
-	return &Lease{
+	l := &Lease{
 		c: c, t: t, resource: resource, token: token, session: session,
 		ctx: ctx, cancel: cancel, renewCtx: renewCtx, renewCancel: renewCancel,
 		keepaliveDone: make(chan struct{}), releasing: make(chan struct{}, 1),
 	}
+	l.view = &leaseContext{Context: ctx, l: l}
+	return l
 }
 
 // heldError reads who holds resource. When the row says nobody holds it live,
@@ -186,19 +212,70 @@ func (l *Lease) Resource() string { return l.resource }
 func (l *Lease) Holder() string { return l.t.holder }
 
 // Context is cancelled when the lease is lost or released; context.Cause
-// tells which (ErrLost or ErrReleased, wrapped with the reason).
-func (l *Lease) Context() context.Context { return l.ctx }
+// tells which (ErrLost or ErrReleased, wrapped with the reason). Its Err and
+// Done look at the clock as Lease.Err does, so they never report the lease
+// held past its trust deadline. Contexts derived from it (WithTimeout, ...)
+// are cancelled when the loss is declared: at the first look at the lease
+// after the deadline (Err, Done, this context's Err or Done), or by the loss
+// timer, whichever runs first.
+func (l *Lease) Context() context.Context { return l.view }
 
-// Done is closed when the lease is lost or released.
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+// Done is closed when the lease is lost or released. Done itself looks at
+// the clock first (as Err does): a channel asked for at or after the trust
+// deadline is already closed. A goroutine that blocks on a channel taken
+// earlier is woken by the loss timer, as soon as the process runs again
+// after a pause.
+func (l *Lease) Done() <-chan struct{} {
+	l.checkDeadline()
+	return l.ctx.Done()
+}
 
 // Err is nil while the lease is held, then the reason it ended: an error
-// matching ErrLost or ErrReleased.
+// matching ErrLost or ErrReleased. It looks at the clock itself rather than
+// waiting for the loss timer: at or after the local trust deadline it
+// declares the lease lost and says so, also when the process was paused
+// past the deadline and the timer's goroutine has not run yet.
 func (l *Lease) Err() error {
+	l.checkDeadline()
 	if l.ctx.Err() == nil {
 		return nil
 	}
 	return context.Cause(l.ctx)
+}
+
+// leaseContext is a context that ends with a lease: Lease.Context, and the
+// context that Do and Elect give fn. Err and Done look at the lease's clock
+// before they answer, so they never say "held" past the trust deadline,
+// even when the loss timer's goroutine has not run yet (a process that was
+// paused runs its own goroutines first as often as not).
+type leaseContext struct {
+	context.Context
+	l *Lease
+	// cancel ends the embedded context when it is not the lease's own (fn's
+	// context, which also ends with the caller's); nil for Lease.Context.
+	cancel context.CancelCauseFunc
+}
+
+func (c *leaseContext) Done() <-chan struct{} {
+	c.look()
+	return c.Context.Done()
+}
+
+func (c *leaseContext) Err() error {
+	c.look()
+	return c.Context.Err()
+}
+
+// look declares the lease lost if its trust deadline has passed, and ends a
+// derived context at once (without waiting for context.AfterFunc).
+func (c *leaseContext) look() {
+	if c.cancel == nil {
+		c.l.checkDeadline()
+		return
+	}
+	if err := c.l.Err(); err != nil {
+		c.cancel(err)
+	}
 }
 
 // TrustDeadline is the local monotonic time until which this process may
@@ -228,18 +305,34 @@ func (l *Lease) lose(reason string, err error) {
 		cause = fmt.Errorf("%w: %s: %s: %w", ErrLost, l.resource, reason, err)
 	}
 	l.cancel(cause)
-	l.c.log.Warn("pgfence: lease lost", "resource", l.resource, "token", l.token, "reason", cause.Error())
+	if context.Cause(l.ctx) == cause { // not ended another way meanwhile
+		l.c.log.Warn("pgfence: lease lost", "resource", l.resource, "token", l.token, "reason", cause.Error())
+	}
 }
 
 // trustDeadlineIsPast reports whether the current trust deadline (which a
-// concurrent renewal may have moved) has passed.
+// concurrent renewal may have moved) has passed. Session leases have none.
 func (l *Lease) trustDeadlineIsPast() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !time.Now().Before(l.deadline)
+	return !l.deadline.IsZero() && !time.Now().Before(l.deadline)
 }
 
+// checkDeadline declares the lease lost when its trust deadline has passed.
+// Every reader of the lease's state calls it, so that being held is a
+// matter of the clock, not of when the loss timer's goroutine gets to run.
+func (l *Lease) checkDeadline() {
+	if l.session == nil && l.ctx.Err() == nil && l.trustDeadlineIsPast() {
+		l.trustDeadlinePassed()
+	}
+}
+
+// trustDeadlinePassed loses the lease, unless a renewal moved the deadline
+// since the caller (the loss timer, a look) found it past.
 func (l *Lease) trustDeadlinePassed() {
+	if !l.trustDeadlineIsPast() {
+		return
+	}
 	l.lose("no renewal succeeded before the local trust deadline (acquire or last renew sent + TTL - SafetyMargin)", nil)
 }
 
@@ -340,15 +433,25 @@ func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.
 		return sent, false, l.Err()
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
-		return sent, false, l.Err() // the deadline passed while we waited: loss is final
+		l.mu.Unlock()
+		return sent, false, context.Cause(l.ctx) // lost while we waited: loss is final
+	}
+	if !time.Now().Before(l.deadline) {
+		l.mu.Unlock()
+		// The reply came after the deadline: from the deadline on, any look
+		// at the lease says lost, so it is lost, even though the server did
+		// renew it. (A passed deadline never moves again: a renewal moves it
+		// only before it passes.)
+		l.lose("the renewal's reply came after the local trust deadline", nil)
+		return sent, false, context.Cause(l.ctx)
 	}
 	l.expiresAt = exp
 	if d := sent.Add(l.t.ttl - l.t.margin); d.After(l.deadline) {
 		l.deadline = d
 		l.lossTimer.Reset(time.Until(d))
 	}
+	l.mu.Unlock()
 	return sent, false, nil
 }
 
@@ -409,7 +512,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.released {
 		return nil
 	}
-	lostBefore := l.ctx.Err() != nil
+	lostBefore := l.Err() != nil
 	l.mu.Lock()
 	if l.lossTimer != nil {
 		l.lossTimer.Stop()

@@ -17,7 +17,11 @@ import (
 // clock, whichever comes first (soon, when the lease turned out to have
 // ended already), so lost notifications and poolers that block LISTEN cost
 // latency, never progress. Options (WithHolder, WithTTL) override the
-// Client's Config for this lease.
+// Client's Config for this lease. A grant that came back after its trust
+// deadline is given back, and AcquireWait returns an error matching ErrLost
+// that says so (waiting longer would not make the round trip shorter).
+// When ctx ends while a grant is on its way, AcquireWait returns at once and
+// the grant is given back when it comes.
 func (c *Client) AcquireWait(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
 	t, err := c.leaseTimings(opts)
 	if err != nil {

@@ -182,11 +182,12 @@ func (l *Lease) UseToken(ctx context.Context, tx DB, others ...*Lease) error {
 	return s.txError(sqlfuncs.UseTokens(ctx, tx, resources, tokens))
 }
 
-// merge derives a context that ends with ctx or with the lease.
+// merge derives a context that ends with ctx or with the lease; its Err and
+// Done look at the lease's clock (leaseContext).
 func (l *Lease) merge(ctx context.Context) (context.Context, func()) {
 	mctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
-	return mctx, func() { stop(); cancel(nil) }
+	return &leaseContext{Context: mctx, l: l, cancel: cancel}, func() { stop(); cancel(nil) }
 }
 
 // txError adds the loss of any lease of s to an error that happened after it.
