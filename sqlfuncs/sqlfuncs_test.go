@@ -312,6 +312,18 @@ func TestVersion(t *testing.T) {
 	requireCode(t, err, "3F000")
 }
 
+// TestBackendPID: on a direct connection the backend that runs the
+// statement is the one announced at connect (gofence's pooler check tells a
+// pooler by the difference).
+func TestBackendPID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := b.db.Conn(t)
+	pid, err := sqlfuncs.BackendPID(b.ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, conn.PgConn().PID(), pid)
+}
+
 // TestSideEffectFreeHelpersAreInlined: the grant's SQL helpers cost no
 // function call because the planner inlines them (docs/design.md, "How the
 // grant is put together"). A SET clause, SECURITY DEFINER, a change of
