@@ -13,14 +13,16 @@
 // The shared server is found lazily, once per test binary, in this order:
 //
 //  1. PGFENCE_TEST_DATABASE_URL: a superuser URL (postgres:// form) to an
-//     existing server; the harness creates and drops its own databases there
-//     (PostgreSQL 13 or newer, for DROP DATABASE ... WITH (FORCE)).
-//  2. Docker, through testcontainers-go (image postgres:15-alpine, or
-//     PGFENCE_TEST_DOCKER_IMAGE), if a Docker daemon answers within two
-//     seconds. PGFENCE_TEST_NO_DOCKER=1 skips this step.
-//  3. A throwaway cluster built from local PostgreSQL binaries (initdb,
+//     existing server, such as the container of the repository's
+//     docker-compose.yml; the harness creates and drops its own databases
+//     there (PostgreSQL 13 or newer, for DROP DATABASE ... WITH (FORCE)).
+//  2. A throwaway cluster built from local PostgreSQL binaries (initdb,
 //     pg_ctl), found through PGFENCE_TEST_PG_BINDIR, PATH, pg_config --bindir,
 //     or well-known install directories.
+//
+// The harness needs nothing but pgx: it is part of the library's module
+// (the library's own tests use it), and whatever it imported would be
+// carried by every module that requires pgfence.
 //
 // When none is available, tests that need a database are skipped, unless
 // PGFENCE_TEST_REQUIRE_DB=1, in which case they fail: CI should set it so that a
@@ -53,15 +55,11 @@ import (
 const (
 	// EnvDatabaseURL names a superuser URL of an existing server to use.
 	EnvDatabaseURL = "PGFENCE_TEST_DATABASE_URL"
-	// EnvNoDocker, set to 1, skips the Docker step of server discovery.
-	EnvNoDocker = "PGFENCE_TEST_NO_DOCKER"
 	// EnvRequireDB, set to 1, turns "no PostgreSQL available" from a skip
 	// into a failure.
 	EnvRequireDB = "PGFENCE_TEST_REQUIRE_DB"
 	// EnvKeep, set to 1, keeps the databases of failed tests.
 	EnvKeep = "PGFENCE_TEST_KEEP"
-	// EnvDockerImage overrides the Docker image (default postgres:15-alpine).
-	EnvDockerImage = "PGFENCE_TEST_DOCKER_IMAGE"
 	// EnvBinDir names a directory holding initdb, pg_ctl and friends; it is
 	// tried before PATH.
 	EnvBinDir = "PGFENCE_TEST_PG_BINDIR"
@@ -77,7 +75,7 @@ const opTimeout = 2 * time.Minute
 var mainCalled atomic.Bool
 
 // Main runs the tests of a package and then shuts down whatever shared server
-// the harness started (a local cluster or a Docker container), before exiting
+// the harness started (a local cluster), before exiting
 // with the tests' exit code. Call it from TestMain; Setup, Empty, AdminURL and
 // NewRole refuse to run without it, because a local cluster started without
 // it would outlive the test binary.
@@ -176,8 +174,9 @@ func (db *DB) Conn(t testing.TB) *pgx.Conn {
 
 // URLAs returns the database URL with the user replaced by role and no
 // password, for tests that check what a less privileged role may do. It
-// relies on trust authentication, which is what the Docker and local servers
-// use; with PGFENCE_TEST_DATABASE_URL the server must trust local roles too.
+// relies on trust authentication, which is what the local servers use; with
+// PGFENCE_TEST_DATABASE_URL the server must trust local roles too (the
+// container of docker-compose.yml does).
 func (db *DB) URLAs(role string) string {
 	return URLAs(db.URL, role)
 }
@@ -367,7 +366,7 @@ func skipOrFatal(t testing.TB, err error) {
 	t.Helper()
 	var na *unavailableError
 	if errors.As(err, &na) && os.Getenv(EnvRequireDB) != "1" {
-		t.Skipf("pgtest: skipping, %v (set %s to a superuser URL, run a Docker daemon, or install PostgreSQL server binaries)", err, EnvDatabaseURL)
+		t.Skipf("pgtest: skipping, %v (set %s to a superuser URL, for instance of docker-compose.yml's server, or install PostgreSQL server binaries)", err, EnvDatabaseURL)
 	}
 	t.Fatalf("pgtest: %v", err)
 }
