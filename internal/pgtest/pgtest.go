@@ -33,11 +33,21 @@
 //
 // PGFENCE_TEST_KEEP=1 keeps the databases, roles and cluster directories of
 // failed tests so that a person can inspect them; their URLs are logged.
+//
+// Under go test -short, NewCluster and NewWALArchive skip their test (a
+// cluster of its own costs seconds), and tests that run long on purpose
+// (randomized histories, sustained load, large statements) call [Long]
+// first; everything else runs. CI runs without -short.
+//
+// Runnable examples cannot skip: when no server can be found at all (no
+// PGFENCE_TEST_DATABASE_URL, no local binaries) and PGFENCE_TEST_REQUIRE_DB
+// is not 1, Main leaves them out with go test's -skip, and says so.
 package pgtest
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -74,16 +84,53 @@ const opTimeout = 2 * time.Minute
 // is what guarantees that a server started by the harness is shut down.
 var mainCalled atomic.Bool
 
-// Main runs the tests of a package and then shuts down whatever shared server
-// the harness started (a local cluster), before exiting
-// with the tests' exit code. Call it from TestMain; Setup, Empty, AdminURL and
+// Main runs the tests of a package, shuts down whatever shared server the
+// harness started (a local cluster), runs atExit, and exits with the
+// tests' exit code. Call it from TestMain; Setup, Empty, AdminURL and
 // NewRole refuse to run without it, because a local cluster started without
 // it would outlive the test binary.
-func Main(m *testing.M) {
+func Main(m *testing.M, atExit ...func()) {
 	mainCalled.Store(true)
+	skipExamplesWithoutServer()
 	code := m.Run()
 	shutdown()
+	for _, f := range atExit {
+		f()
+	}
 	os.Exit(code)
+}
+
+// Long skips t under go test -short: a test that runs for seconds on
+// purpose (a randomized history, sustained load, statements over many
+// rows) and that the full run, and CI, keep. why says what it does.
+func Long(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("pgtest: -short: skipping %s", why)
+	}
+}
+
+// skipExamplesWithoutServer leaves the runnable examples out (-skip
+// ^Example) when no server can be found and none is required: an example
+// cannot skip, and without a database its output would be wrong. It finds
+// out without starting anything: the URL is set, or local binaries exist.
+// A -skip of the caller's own is kept, and then the examples run (and fail
+// without a server).
+func skipExamplesWithoutServer() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if os.Getenv(EnvDatabaseURL) != "" || os.Getenv(EnvRequireDB) == "1" {
+		return
+	}
+	if _, err := pgcluster.LocalBins(os.Getenv(EnvBinDir)); err == nil {
+		return
+	}
+	if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
+		if err := f.Value.Set("^Example"); err == nil {
+			fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL (%s not set, no local server binaries): leaving out the examples, which cannot skip\n", EnvDatabaseURL)
+		}
+	}
 }
 
 // DB is a database created for one test. It is dropped when the test ends
@@ -420,9 +467,10 @@ func mustParseURL(s string) *url.URL {
 
 // MustMigratedDB is Setup for code that gets no *testing.T, such as
 // runnable examples: a fresh database cloned from the migrated template,
-// and a function that drops it. The package's TestMain must call Main. It
-// panics when no PostgreSQL server is available: examples cannot skip, and
-// their output would be wrong.
+// and a function that drops it. The package's TestMain must call Main,
+// which leaves the examples out when no server can be found (examples
+// cannot skip, and their output would be wrong); a server that was found
+// but fails makes it panic.
 func MustMigratedDB() (url string, drop func()) {
 	if !mainCalled.Load() {
 		panic("pgtest: the package's TestMain must call pgtest.Main(m)")

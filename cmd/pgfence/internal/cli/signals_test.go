@@ -24,15 +24,6 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// buildPgfence builds the real binary: signals are only handled by main.
-func buildPgfence(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "pgfence")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
-
 // startPgfence starts the binary; when the test ends it is killed if still
 // running (a hang fails the test through the safety timeout of the context,
 // never leaves a process behind).
