@@ -69,9 +69,9 @@ func TestBenchScaleReturnsOnEveryVersion(t *testing.T) {
 		out string
 	}
 	done := make(chan result, 1)
+	admin := connect(t, url)
 	go func() {
 		var out strings.Builder
-		admin := connect(t, url)
 		o := smokeOptions("scale")
 		o.Out = &out
 		_, err := bench.Run(t.Context(), admin, o)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
@@ -199,10 +200,11 @@ func TestRunSignalDuringLossStillKillsBeforeExpiry(t *testing.T) {
 
 	// Wait until the server no longer counts the lease live: from then on it
 	// could be granted to someone else.
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var live bool
-		require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live))
-		return !live
+		if assert.NoError(c, db.Pool.QueryRow(t.Context(), `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live)) {
+			assert.False(c, live)
+		}
 	}, 10*time.Second, 5*time.Millisecond)
 	require.False(t, processRunning(pid), "the command is still running after the server's expiry of its lease")
 	<-done
