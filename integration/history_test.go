@@ -1079,6 +1079,7 @@ func randomizedHistory(t *testing.T, rows bool) {
 // checker to find stale writes that committed after a newer grant. If it
 // did not, a clean report from TestRandomizedHistory would mean nothing.
 func TestHistoryCheckerCatchesUnguardedTables(t *testing.T) {
+	pgtest.Long(t, "the randomized workload (the checker's control)")
 	t.Parallel()
 	catchesUnguarded(t, false)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -366,6 +367,7 @@ func revokeUnderOverlappingWriters(t *testing.T, b *bundle, resource string, tok
 // count must be unchanged: no write under an older token committed after the
 // grant (guarantee 3). Writers deliberately use stale tokens too.
 func TestLinearizableFencingUnderConcurrency(t *testing.T) {
+	pgtest.Long(t, "3 s of randomized writers racing grants")
 	t.Parallel()
 	b := setup(t)
 	ctx, db := b.ctx, b.db.Pool
