@@ -96,7 +96,9 @@ func ExampleClient_AcquireWait() {
 	pool, done := exampleDB()
 	defer done()
 	ctx := context.Background()
-	client, err := gofence.New(pool, nil)
+	// Poll once an hour: here only the NOTIFY of the release can wake the
+	// waiter before its context ends.
+	client, err := gofence.New(pool, &gofence.Config{PollInterval: time.Hour})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -106,11 +108,14 @@ func ExampleClient_AcquireWait() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	go func() {
-		time.Sleep(100 * time.Millisecond)
-		_ = first.Release(ctx) // wakes the waiter through NOTIFY
+		if waitedFor(ctx, pool, "orders") == nil {
+			_ = first.Release(ctx) // wakes the waiter through NOTIFY
+		}
 	}()
-	// Lock waits until the lease is free (or ctx is done).
+	// AcquireWait waits until the lease is free (or ctx is done).
 	second, err := client.AcquireWait(ctx, "orders")
 	if err != nil {
 		log.Fatal(err)
@@ -118,6 +123,26 @@ func ExampleClient_AcquireWait() {
 	defer second.Release(ctx)
 	fmt.Println("granted after the first holder released; newer token:", second.Token() > first.Token())
 	// Output: granted after the first holder released; newer token: true
+}
+
+// waitedFor returns once a waiter has asked to be told of the release of
+// resource (fence.lease's waiters flag) and a Client listens for the
+// release's NOTIFY, so that a release from then on wakes that waiter
+// through the notification, not by polling or when the listener starts.
+func waitedFor(ctx context.Context, pool *pgxpool.Pool, resource string) error {
+	for {
+		var ready bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM fence.lease WHERE resource = $1 AND waiters)
+			AND EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle' AND query = 'LISTEN fence_release')`, resource).Scan(&ready)
+		if err != nil || ready {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 func ExampleClient_Do() {

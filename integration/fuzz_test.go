@@ -19,7 +19,7 @@ import (
 )
 
 // Fuzz tests of the SQL surface with hostile input. Each fuzz function
-// shares one migrated database across its inputs; `go test ./...` runs the
+// shares one migrated database across its inputs; the test command runs the
 // seed corpora (f.Add below and testdata/fuzz/<FuzzName>/) only. To fuzz:
 //
 //	go test ./integration -run '^$' -fuzz FuzzAcquireArgs -fuzztime 2m

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -530,6 +531,7 @@ func TestRandomizedHistoryPerRow(t *testing.T) {
 // tables that were never protected and expects the checker to find stale
 // writes committed after a newer grant of their row's resource.
 func TestHistoryCheckerCatchesUnguardedRows(t *testing.T) {
+	pgtest.Long(t, "the randomized per-row workload (the checker's control)")
 	t.Parallel()
 	catchesUnguarded(t, true)
 }

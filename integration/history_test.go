@@ -1031,7 +1031,7 @@ func checkEnv(t *testing.T, short time.Duration) (seed uint64, total, perRun tim
 
 // TestRandomizedHistory is the randomized workload with every fault, on a
 // private cluster that it crashes and restarts, judged by checkHistory. In
-// `go test ./...` it runs for a few seconds; PGFENCE_CHECK_DURATION makes it
+// the test command it runs for a few seconds; PGFENCE_CHECK_DURATION makes it
 // the long run (runs of PGFENCE_CHECK_RUN, default 30s, seeds seed, seed+1,
 // ...).
 func TestRandomizedHistory(t *testing.T) {
@@ -1079,6 +1079,7 @@ func randomizedHistory(t *testing.T, rows bool) {
 // checker to find stale writes that committed after a newer grant. If it
 // did not, a clean report from TestRandomizedHistory would mean nothing.
 func TestHistoryCheckerCatchesUnguardedTables(t *testing.T) {
+	pgtest.Long(t, "the randomized workload (the checker's control)")
 	t.Parallel()
 	catchesUnguarded(t, false)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -244,20 +242,6 @@ func readEpochState(t *testing.T, ctx context.Context, db sqlfuncs.DB) epochStat
 	require.NoError(t, db.QueryRow(ctx, "SELECT system_identifier, timeline, base FROM fence.epoch_state").
 		Scan(&s.sysid, &s.timeline, &s.base))
 	return s
-}
-
-// pgTool runs a client tool (pg_dump, pg_restore) from the bin directory of
-// the server behind db, so that client and server versions agree.
-func pgTool(t *testing.T, ctx context.Context, db sqlfuncs.DB, tool string, args ...string) string {
-	t.Helper()
-	var bindir string
-	require.NoError(t, db.QueryRow(ctx, "SELECT setting FROM pg_config WHERE name = 'BINDIR'").Scan(&bindir))
-	cmd := exec.CommandContext(ctx, filepath.Join(bindir, tool), args...)
-	cmd.Env = []string{"LC_ALL=C", "PATH=/usr/bin:/bin"} // no PG* variables from the caller
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s %s:\n%s", tool, strings.Join(args, " "), out)
-	return string(out)
 }
 
 // isConnError tells a lost connection (what clients see when the server

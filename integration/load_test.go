@@ -24,7 +24,7 @@ import (
 )
 
 // envLoadDuration sets how long TestSustainedLoad runs (default 3s, the
-// short run of `go test ./...`; for example PGFENCE_LOAD_DURATION=5m).
+// short run of the test command; for example PGFENCE_LOAD_DURATION=5m).
 const envLoadDuration = "PGFENCE_LOAD_DURATION"
 
 // TestSustainedLoad drives acquire / renew / release and guarded writes
@@ -36,6 +36,7 @@ const envLoadDuration = "PGFENCE_LOAD_DURATION"
 // vacuumed (renewals are HOT updates), and that the Go client's memory stays
 // flat (heap after GC at the end within a margin of the heap after warm-up).
 func TestSustainedLoad(t *testing.T) {
+	pgtest.Long(t, "seconds of sustained load")
 	// Not parallel: it measures the lease table and the client's heap, which
 	// other tests running at the same time would disturb.
 	duration := 3 * time.Second

@@ -8,13 +8,18 @@
 //
 // Always use the fence_schema_migrations table so the kit's version never
 // collides with an application's own schema_migrations.
+//
+// schema.sql, beside them, shows schema fence as the latest migration
+// leaves it, generated from a migrated database by this package's test; it
+// is for reading and is not embedded.
 package migrations
 
 import "embed"
 
-// FS holds every migration file of the kit, at the root of the file system.
+// FS holds every migration file of the kit (NNN_name.up.sql and
+// NNN_name.down.sql), at the root of the file system.
 //
-//go:embed *.sql
+//go:embed *.up.sql *.down.sql
 var FS embed.FS
 
 // Table is the golang-migrate version table the kit's migrations are recorded in.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -111,10 +112,11 @@ func TestForeignAdvisoryLockOnAGate(t *testing.T) {
 	old, ok, err := sqlfuncs.Acquire(ctx, db.Pool, res, "h1", 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.Eventually(t, func() bool { // the lease expires, by the server's clock
+	require.EventuallyWithT(t, func(c *assert.CollectT) { // the lease expires, by the server's clock
 		var live bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = $1`, res).Scan(&live))
-		return !live
+		if assert.NoError(c, db.Pool.QueryRow(ctx, `SELECT live FROM fence.leases WHERE resource = $1`, res).Scan(&live)) {
+			assert.False(c, live)
+		}
 	}, 10*time.Second, 10*time.Millisecond)
 
 	stranger := pgtest.NewRole(t, "stranger") // no fence.grant_usage at all

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -13,8 +14,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -312,10 +315,12 @@ func revokeUnderOverlappingWriters(t *testing.T, b *bundle, resource string, tok
 	ctx := b.ctx
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	var writers []int64
 	for i := range 3 {
 		conn := b.db.Conn(t)
+		writers = append(writers, int64(conn.PgConn().PID()))
 		wg.Go(func() {
-			time.Sleep(time.Duration(i) * 100 * time.Millisecond) // overlap the three
+			time.Sleep(time.Duration(i) * 100 * time.Millisecond) // staggered, so that their transactions overlap
 			for wctx.Err() == nil {
 				_ = pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
 					if err := write(wctx, tx); err != nil {
@@ -332,7 +337,14 @@ func revokeUnderOverlappingWriters(t *testing.T, b *bundle, resource string, tok
 	granter := b.db.Conn(t)
 	_, err := granter.Exec(ctx, `SET fence.grant_wait = '500ms'`)
 	require.NoError(t, err)
-	time.Sleep(400 * time.Millisecond) // let the writers overlap first
+	// The stream is on once all three writers are inside a transaction at
+	// the same time.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var in int
+		if assert.NoError(c, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[]) AND xact_start IS NOT NULL`, writers).Scan(&in)) {
+			assert.Equal(c, len(writers), in, "writers inside a transaction")
+		}
+	}, 10*time.Second, 10*time.Millisecond)
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second) // without a fair gate it would wait for the writers forever
 	defer cancel()
@@ -355,6 +367,7 @@ func revokeUnderOverlappingWriters(t *testing.T, b *bundle, resource string, tok
 // count must be unchanged: no write under an older token committed after the
 // grant (guarantee 3). Writers deliberately use stale tokens too.
 func TestLinearizableFencingUnderConcurrency(t *testing.T) {
+	pgtest.Long(t, "3 s of randomized writers racing grants")
 	t.Parallel()
 	b := setup(t)
 	ctx, db := b.ctx, b.db.Pool
@@ -406,15 +419,21 @@ func TestLinearizableFencingUnderConcurrency(t *testing.T) {
 		})
 	}
 	granter := b.db.Conn(t)
+	var granterErr error // the granter's goroutine must not end the test
 	wg.Go(func() {
 		for runCtx.Err() == nil {
 			tok, err := sqlfuncs.Revoke(ctx, granter, "race")
-			if err != nil {
-				require.ErrorIs(t, err, sqlfuncs.ErrBusy)
+			if errors.Is(err, sqlfuncs.ErrBusy) {
 				continue
 			}
 			var older int64
-			require.NoError(t, granter.QueryRow(ctx, `SELECT count(*) FROM writes WHERE token < $1`, tok).Scan(&older))
+			if err == nil {
+				err = granter.QueryRow(ctx, `SELECT count(*) FROM writes WHERE token < $1`, tok).Scan(&older)
+			}
+			if err != nil {
+				granterErr = err
+				return
+			}
 			mu.Lock()
 			grants = append(grants, observation{tok, older})
 			mu.Unlock()
@@ -423,6 +442,7 @@ func TestLinearizableFencingUnderConcurrency(t *testing.T) {
 		}
 	})
 	wg.Wait()
+	require.NoError(t, granterErr)
 
 	require.NotEmpty(t, grants)
 	require.Positive(t, accepted.Load())
@@ -447,35 +467,42 @@ func TestConcurrentGrantsAreUniqueAndIncreasing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
-	var (
-		mu     sync.Mutex
-		tokens []int64
-	)
+	var tokens []int64
 	var wg sync.WaitGroup
-	for w := range 6 {
+	sessions := make([][]int64, 6)
+	errs := make([]error, len(sessions)) // the goroutines must not end the test
+	for w := range sessions {
 		conn := b.db.Conn(t)
 		wg.Go(func() {
-			var mine []int64
 			for range 60 {
 				tok, ok, err := sqlfuncs.Acquire(ctx, conn, "hot", fmt.Sprint("w", w), time.Minute)
-				require.NoError(t, err)
+				if err != nil {
+					errs[w] = err
+					return
+				}
 				if !ok {
 					continue
 				}
 				released, err := sqlfuncs.Release(ctx, conn, "hot", tok)
-				require.NoError(t, err)
-				require.True(t, released)
-				mine = append(mine, tok)
+				if err == nil && !released {
+					err = fmt.Errorf("the release of token %d by its own holder ended nothing", tok)
+				}
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				sessions[w] = append(sessions[w], tok)
 			}
-			for i := 1; i < len(mine); i++ {
-				require.Greater(t, mine[i], mine[i-1], "one session sees its grants increase")
-			}
-			mu.Lock()
-			tokens = append(tokens, mine...)
-			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	for w, mine := range sessions {
+		require.NoError(t, errs[w], "session %d", w)
+		for i := 1; i < len(mine); i++ {
+			require.Greater(t, mine[i], mine[i-1], "one session sees its grants increase")
+		}
+		tokens = append(tokens, mine...)
+	}
 	seen := map[int64]bool{}
 	for _, tok := range tokens {
 		require.False(t, seen[tok], "token %d granted twice", tok)

@@ -49,7 +49,7 @@ func TestFireAlwaysInReplicaMode(t *testing.T) {
 	}
 	t.Run("replica mode skips guards that do not fire always", func(t *testing.T) {
 		for _, w := range stale {
-			err, _ := attemptRolledBack(ctx, writer, pgx.ReadCommitted, replica, w, `SELECT 'x'`)
+			_, err := attemptRolledBack(ctx, writer, pgx.ReadCommitted, replica, w, `SELECT 'x'`)
 			require.NoError(t, err, "%s: PostgreSQL skips ordinary triggers in replica mode", w)
 		}
 	})

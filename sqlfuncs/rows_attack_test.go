@@ -165,31 +165,31 @@ func requireOneOf(t *testing.T, err error, codes string) {
 }
 
 // attemptRolledBack runs pre and then sql in a transaction of db that it
-// always rolls back, and returns sql's error and what read returns inside
-// the transaction right after sql (when sql got through). The tests of
+// always rolls back, and returns what read returns inside the transaction
+// right after sql (when sql got through) and sql's error. The tests of
 // bypasses use it: a write that gets through shows in read and is then
 // undone, so that every attempt starts from the same rows.
 func attemptRolledBack(ctx context.Context, db interface {
 	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-}, iso pgx.TxIsoLevel, pre []string, sql, read string) (error, string) {
+}, iso pgx.TxIsoLevel, pre []string, sql, read string) (string, error) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
-		return err, ""
+		return "", err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for _, s := range pre {
 		if _, err := tx.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", s, err), ""
+			return "", fmt.Errorf("%s: %w", s, err)
 		}
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
-		return err, ""
+		return "", err
 	}
 	var seen string
 	if err := tx.QueryRow(ctx, read).Scan(&seen); err != nil {
-		return fmt.Errorf("%s: %w", read, err), ""
+		return "", fmt.Errorf("%s: %w", read, err)
 	}
-	return nil, seen
+	return seen, nil
 }
 
 // requireRefusedRolledBack runs at as a subtest: under READ COMMITTED, in a
@@ -201,7 +201,7 @@ func requireRefusedRolledBack(t *testing.T, ctx context.Context, db interface {
 }, at rowsAttempt, read, rows string) {
 	t.Helper()
 	t.Run(at.name, func(t *testing.T) {
-		err, seen := attemptRolledBack(ctx, db, pgx.ReadCommitted, at.pre, at.sql, read)
+		seen, err := attemptRolledBack(ctx, db, pgx.ReadCommitted, at.pre, at.sql, read)
 		if err == nil {
 			t.Errorf("BYPASS: went through; %s became: %s", rows, seen)
 			return

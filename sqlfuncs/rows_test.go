@@ -298,6 +298,7 @@ func TestPerRowCheckAtEveryIsolationLevel(t *testing.T) {
 // the check locks lease rows, which take no lock-table entries. A stale
 // token among them refuses the whole statement.
 func TestLargeStatementsStayInTheLockBudget(t *testing.T) {
+	pgtest.Long(t, "statements over 100 000 rows")
 	t.Parallel()
 	b := setup(t)
 	ctx, db := b.ctx, b.db.Pool

@@ -1,11 +1,11 @@
 // Package sqlfuncs is the Go binding of pgfence's SQL surface: one function
-// per function of schema fence, over pgx v5, and the read-only catalog reads
-// (catalog.go) with which pgfence doctor and pgfence migrate inspect the kit,
-// the role's privileges and the server before acting. It holds the SQL text
-// with which the project's Go code talks to the kit and the catalogs (the
-// tables of the demo and the benchmark, tests and internal/pgtest's scratch
-// servers keep their own); everything above it (gofence, the CLI) reaches
-// the database through these functions.
+// per function of schema fence, over pgx v5 (and BackendPID, for gofence's
+// pooler check). It holds the SQL text with which the library talks to the
+// kit; gofence and the CLI reach the kit's functions through it. The CLI's
+// read-only catalog reads (pgfence doctor, pgfence migrate) are the CLI's
+// own (cmd/pgfence/internal/catalog), and the tables of the demo and the
+// benchmark, the tests and internal/pgtest's scratch servers keep their own
+// SQL.
 //
 // Every binding takes a DB, which *pgx.Conn, pgx.Tx and *pgxpool.Pool all
 // satisfy, sends exactly one statement (one round trip once pgx has the
@@ -17,8 +17,7 @@
 // with errors.As) and, for pgfence's own outcomes, also match an exported
 // sentinel with errors.Is: ErrStaleToken (SQLSTATE FN001), ErrNoToken (FN002),
 // ErrUnknownToken (FN003), ErrBusy (FN004) and ErrNotInstalled (schema fence
-// or one of its functions is missing). The catalog reads return pgx's errors
-// as they are: none of them raises a fencing outcome.
+// or one of its functions is missing).
 package sqlfuncs
 
 import (

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/gofence"
@@ -60,7 +61,12 @@ func live(t *testing.T, ctx context.Context, db sqlfuncs.DB, resource string) bo
 // waitNotLive waits until resource's lease has ended by the server's clock.
 func waitNotLive(t *testing.T, ctx context.Context, db sqlfuncs.DB, resource string) {
 	t.Helper()
-	require.Eventually(t, func() bool { return !live(t, ctx, db, resource) }, 10*time.Second, 10*time.Millisecond)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		l, ok, err := sqlfuncs.GetLease(ctx, db, resource)
+		if assert.NoError(c, err) {
+			assert.False(c, ok && l.Live, "%s is still live", resource)
+		}
+	}, 10*time.Second, 10*time.Millisecond)
 }
 
 // acquireWhenFree polls fence.acquire until the server grants it (the previous
@@ -310,6 +316,18 @@ func TestVersion(t *testing.T) {
 	require.ErrorIs(t, err, sqlfuncs.ErrNotInstalled)
 	require.Contains(t, err.Error(), "pgfence migrate up")
 	requireCode(t, err, "3F000")
+}
+
+// TestBackendPID: on a direct connection the backend that runs the
+// statement is the one announced at connect (gofence's pooler check tells a
+// pooler by the difference).
+func TestBackendPID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := b.db.Conn(t)
+	pid, err := sqlfuncs.BackendPID(b.ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, conn.PgConn().PID(), pid)
 }
 
 // TestSideEffectFreeHelpersAreInlined: the grant's SQL helpers cost no

@@ -15,9 +15,12 @@ import (
 // ClusterOptions.Config, which standbys inherit. It lives in a cluster
 // directory of its own, so it is removed when the test ends (kept under
 // PGFENCE_TEST_KEEP=1 when the test failed), and reaped by a later run if
-// the test process dies first.
+// the test process dies first. Under go test -short the test is skipped.
 func NewWALArchive(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("pgtest: -short: skipping a test that needs clusters of its own")
+	}
 	bins, err := pgcluster.LocalBins(os.Getenv(EnvBinDir))
 	if err != nil {
 		skipOrFatal(t, &unavailableError{reasons: []string{"NewWALArchive needs local PostgreSQL binaries: " + err.Error()}})

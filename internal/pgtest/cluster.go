@@ -42,10 +42,14 @@ type Cluster struct {
 // opts.NoMigrate); URL points at it. The cluster is stopped and removed when
 // the test ends, after its server log tail has been logged if the test
 // failed. Without local PostgreSQL binaries the test is skipped (failed
-// under PGFENCE_TEST_REQUIRE_DB=1): Docker cannot stand in, because the
-// test needs to control the server process and its files.
+// under PGFENCE_TEST_REQUIRE_DB=1): a server of PGFENCE_TEST_DATABASE_URL
+// cannot stand in, because the test needs to control the server process
+// and its files. Under go test -short the test is skipped.
 func NewCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("pgtest: -short: skipping a test that needs a cluster of its own")
+	}
 	bins, err := pgcluster.LocalBins(os.Getenv(EnvBinDir))
 	if err != nil {
 		skipOrFatal(t, &unavailableError{reasons: []string{"NewCluster needs local PostgreSQL binaries: " + err.Error()}})

@@ -13,14 +13,16 @@
 // The shared server is found lazily, once per test binary, in this order:
 //
 //  1. PGFENCE_TEST_DATABASE_URL: a superuser URL (postgres:// form) to an
-//     existing server; the harness creates and drops its own databases there
-//     (PostgreSQL 13 or newer, for DROP DATABASE ... WITH (FORCE)).
-//  2. Docker, through testcontainers-go (image postgres:15-alpine, or
-//     PGFENCE_TEST_DOCKER_IMAGE), if a Docker daemon answers within two
-//     seconds. PGFENCE_TEST_NO_DOCKER=1 skips this step.
-//  3. A throwaway cluster built from local PostgreSQL binaries (initdb,
+//     existing server, such as the container of the repository's
+//     docker-compose.yml; the harness creates and drops its own databases
+//     there (PostgreSQL 13 or newer, for DROP DATABASE ... WITH (FORCE)).
+//  2. A throwaway cluster built from local PostgreSQL binaries (initdb,
 //     pg_ctl), found through PGFENCE_TEST_PG_BINDIR, PATH, pg_config --bindir,
 //     or well-known install directories.
+//
+// The harness needs nothing but pgx: it is part of the library's module
+// (the library's own tests use it), and whatever it imported would be
+// carried by every module that requires pgfence.
 //
 // When none is available, tests that need a database are skipped, unless
 // PGFENCE_TEST_REQUIRE_DB=1, in which case they fail: CI should set it so that a
@@ -31,11 +33,21 @@
 //
 // PGFENCE_TEST_KEEP=1 keeps the databases, roles and cluster directories of
 // failed tests so that a person can inspect them; their URLs are logged.
+//
+// Under go test -short, NewCluster and NewWALArchive skip their test (a
+// cluster of its own costs seconds), and tests that run long on purpose
+// (randomized histories, sustained load, large statements) call [Long]
+// first; everything else runs. CI runs without -short.
+//
+// Runnable examples cannot skip: when no server can be found at all (no
+// PGFENCE_TEST_DATABASE_URL, no local binaries) and PGFENCE_TEST_REQUIRE_DB
+// is not 1, Main leaves them out with go test's -skip, and says so.
 package pgtest
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -53,15 +65,11 @@ import (
 const (
 	// EnvDatabaseURL names a superuser URL of an existing server to use.
 	EnvDatabaseURL = "PGFENCE_TEST_DATABASE_URL"
-	// EnvNoDocker, set to 1, skips the Docker step of server discovery.
-	EnvNoDocker = "PGFENCE_TEST_NO_DOCKER"
 	// EnvRequireDB, set to 1, turns "no PostgreSQL available" from a skip
 	// into a failure.
 	EnvRequireDB = "PGFENCE_TEST_REQUIRE_DB"
 	// EnvKeep, set to 1, keeps the databases of failed tests.
 	EnvKeep = "PGFENCE_TEST_KEEP"
-	// EnvDockerImage overrides the Docker image (default postgres:15-alpine).
-	EnvDockerImage = "PGFENCE_TEST_DOCKER_IMAGE"
 	// EnvBinDir names a directory holding initdb, pg_ctl and friends; it is
 	// tried before PATH.
 	EnvBinDir = "PGFENCE_TEST_PG_BINDIR"
@@ -76,16 +84,53 @@ const opTimeout = 2 * time.Minute
 // is what guarantees that a server started by the harness is shut down.
 var mainCalled atomic.Bool
 
-// Main runs the tests of a package and then shuts down whatever shared server
-// the harness started (a local cluster or a Docker container), before exiting
-// with the tests' exit code. Call it from TestMain; Setup, Empty, AdminURL and
+// Main runs the tests of a package, shuts down whatever shared server the
+// harness started (a local cluster), runs atExit, and exits with the
+// tests' exit code. Call it from TestMain; Setup, Empty, AdminURL and
 // NewRole refuse to run without it, because a local cluster started without
 // it would outlive the test binary.
-func Main(m *testing.M) {
+func Main(m *testing.M, atExit ...func()) {
 	mainCalled.Store(true)
+	skipExamplesWithoutServer()
 	code := m.Run()
 	shutdown()
+	for _, f := range atExit {
+		f()
+	}
 	os.Exit(code)
+}
+
+// Long skips t under go test -short: a test that runs for seconds on
+// purpose (a randomized history, sustained load, statements over many
+// rows) and that the full run, and CI, keep. why says what it does.
+func Long(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("pgtest: -short: skipping %s", why)
+	}
+}
+
+// skipExamplesWithoutServer leaves the runnable examples out (-skip
+// ^Example) when no server can be found and none is required: an example
+// cannot skip, and without a database its output would be wrong. It finds
+// out without starting anything: the URL is set, or local binaries exist.
+// A -skip of the caller's own is kept, and then the examples run (and fail
+// without a server).
+func skipExamplesWithoutServer() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if os.Getenv(EnvDatabaseURL) != "" || os.Getenv(EnvRequireDB) == "1" {
+		return
+	}
+	if _, err := pgcluster.LocalBins(os.Getenv(EnvBinDir)); err == nil {
+		return
+	}
+	if f := flag.Lookup("test.skip"); f != nil && f.Value.String() == "" {
+		if err := f.Value.Set("^Example"); err == nil {
+			fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL (%s not set, no local server binaries): leaving out the examples, which cannot skip\n", EnvDatabaseURL)
+		}
+	}
 }
 
 // DB is a database created for one test. It is dropped when the test ends
@@ -176,8 +221,9 @@ func (db *DB) Conn(t testing.TB) *pgx.Conn {
 
 // URLAs returns the database URL with the user replaced by role and no
 // password, for tests that check what a less privileged role may do. It
-// relies on trust authentication, which is what the Docker and local servers
-// use; with PGFENCE_TEST_DATABASE_URL the server must trust local roles too.
+// relies on trust authentication, which is what the local servers use; with
+// PGFENCE_TEST_DATABASE_URL the server must trust local roles too (the
+// container of docker-compose.yml does).
 func (db *DB) URLAs(role string) string {
 	return URLAs(db.URL, role)
 }
@@ -367,7 +413,7 @@ func skipOrFatal(t testing.TB, err error) {
 	t.Helper()
 	var na *unavailableError
 	if errors.As(err, &na) && os.Getenv(EnvRequireDB) != "1" {
-		t.Skipf("pgtest: skipping, %v (set %s to a superuser URL, run a Docker daemon, or install PostgreSQL server binaries)", err, EnvDatabaseURL)
+		t.Skipf("pgtest: skipping, %v (set %s to a superuser URL, for instance of docker-compose.yml's server, or install PostgreSQL server binaries)", err, EnvDatabaseURL)
 	}
 	t.Fatalf("pgtest: %v", err)
 }
@@ -421,9 +467,10 @@ func mustParseURL(s string) *url.URL {
 
 // MustMigratedDB is Setup for code that gets no *testing.T, such as
 // runnable examples: a fresh database cloned from the migrated template,
-// and a function that drops it. The package's TestMain must call Main. It
-// panics when no PostgreSQL server is available: examples cannot skip, and
-// their output would be wrong.
+// and a function that drops it. The package's TestMain must call Main,
+// which leaves the examples out when no server can be found (examples
+// cannot skip, and their output would be wrong); a server that was found
+// but fails makes it panic.
 func MustMigratedDB() (url string, drop func()) {
 	if !mainCalled.Load() {
 		panic("pgtest: the package's TestMain must call pgtest.Main(m)")

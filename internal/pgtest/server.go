@@ -83,7 +83,7 @@ func shutdownServer() {
 // shutdown must not throw away the local server holding it.
 var keptDatabases atomic.Bool
 
-// findServer tries the environment URL, then Docker, then local binaries.
+// findServer tries the environment URL, then local binaries.
 func findServer() (*server, error) {
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
 		if !strings.HasPrefix(u, "postgres://") && !strings.HasPrefix(u, "postgresql://") {
@@ -96,24 +96,7 @@ func findServer() (*server, error) {
 		return srv, nil
 	}
 
-	var reasons []string
-	reasons = append(reasons, EnvDatabaseURL+" not set")
-
-	if os.Getenv(EnvNoDocker) == "1" {
-		reasons = append(reasons, "docker: skipped ("+EnvNoDocker+"=1)")
-	} else if err := dockerAvailable(); err != nil {
-		reasons = append(reasons, "docker: "+err.Error())
-	} else {
-		srv, err := startDockerServer()
-		if err == nil {
-			return srv, nil
-		}
-		// A daemon that answers but cannot run the container (no network
-		// to pull the image, for instance) should not hide local binaries.
-		fmt.Fprintf(os.Stderr, "pgtest: docker: %v; trying local binaries\n", err)
-		reasons = append(reasons, "docker: "+err.Error())
-	}
-
+	reasons := []string{EnvDatabaseURL + " not set"}
 	bins, err := pgcluster.LocalBins(os.Getenv(EnvBinDir))
 	if err != nil {
 		reasons = append(reasons, "local binaries: "+err.Error())
@@ -127,7 +110,7 @@ func findServer() (*server, error) {
 }
 
 // openServer checks that adminURL answers (retrying for a while, since a
-// container may still be settling) and opens the admin pool.
+// server may still be starting) and opens the admin pool.
 func openServer(source, adminURL string, stop func()) (*server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()

@@ -54,6 +54,7 @@ func runScenario(t *testing.T, url, scenario string) *bench.Report {
 // waited forever. It runs here as an ordinary role with CREATEDB, as a user
 // would; on 13 and 14 the scenario says that it waited for the statistics.
 func TestBenchScaleReturnsOnEveryVersion(t *testing.T) {
+	pgtest.Long(t, "the scale scenario")
 	t.Parallel()
 	role := pgtest.NewRole(t, "bencher")
 	db := pgtest.Empty(t)
@@ -68,9 +69,9 @@ func TestBenchScaleReturnsOnEveryVersion(t *testing.T) {
 		out string
 	}
 	done := make(chan result, 1)
+	admin := connect(t, url)
 	go func() {
 		var out strings.Builder
-		admin := connect(t, url)
 		o := smokeOptions("scale")
 		o.Out = &out
 		_, err := bench.Run(t.Context(), admin, o)

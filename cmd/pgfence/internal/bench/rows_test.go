@@ -16,6 +16,7 @@ import (
 // row triggers) or once per statement (the check), each taking part of the
 // guarded statement's execution time. No timing is compared with another.
 func TestBenchRowsScenario(t *testing.T) {
+	pgtest.Long(t, "the rows scenario")
 	r := runScenario(t, pgtest.AdminURL(t), "rows")
 	require.Zero(t, r.Errors)
 	require.Len(t, r.Scenarios, 1)

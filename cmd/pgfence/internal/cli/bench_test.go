@@ -21,6 +21,7 @@ import (
 var smokeArgs = []string{"--duration", "60ms", "--rounds", "1", "--clients", "1,2", "--big-resources", "2000", "--waiters", "2", "--poll-interval", "20ms"}
 
 func TestBenchSmokeTable(t *testing.T) {
+	pgtest.Long(t, "the bench's scenarios")
 	admin := pgtest.AdminURL(t)
 	charts := t.TempDir()
 	code, out, errOut := run(t, append([]string{"bench", "--database-url", admin, "--chart-dir", charts}, smokeArgs...)...)
@@ -46,6 +47,7 @@ func TestBenchSmokeTable(t *testing.T) {
 }
 
 func TestBenchSmokeJSON(t *testing.T) {
+	pgtest.Long(t, "a bench scenario")
 	admin := pgtest.AdminURL(t)
 	code, out, errOut := run(t, append([]string{"bench", "--json", "--database-url", admin, "--scenario", "grant"}, smokeArgs...)...)
 	require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)

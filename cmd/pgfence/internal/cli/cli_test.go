@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,7 +19,39 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, removeBuiltPgfence) }
+
+// built is the real binary, built once per test binary by buildPgfence
+// into a directory of its own that TestMain removes at the end.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	out      []byte
+	err      error
+}
+
+// buildPgfence builds the real binary (signals, exit codes and the
+// terminal are only handled by main), once for every test that asks: each
+// build links a binary of its own, seconds of CPU on a busy machine.
+func buildPgfence(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "pgfence-cli-test-")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "pgfence")
+		built.out, built.err = exec.Command("go", "build", "-o", built.bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput()
+	})
+	require.NoError(t, built.err, "%s", built.out)
+	return built.bin
+}
+
+func removeBuiltPgfence() {
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+}
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -125,6 +160,9 @@ func TestUnreachableDatabaseSaysWhatToDo(t *testing.T) {
 // demo starts a cluster from this machine's PostgreSQL binaries, says so,
 // and removes it.
 func TestDemoOnAThrowawayCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping a test that starts a cluster of its own")
+	}
 	t.Parallel()
 	if _, err := pgcluster.FindBins(os.Getenv(pgtest.EnvBinDir)); err != nil {
 		if os.Getenv(pgtest.EnvRequireDB) == "1" {

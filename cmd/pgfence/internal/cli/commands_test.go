@@ -321,9 +321,7 @@ func TestRunOnATerminal(t *testing.T) {
 		t.Skip("script(1) (util-linux) is not installed")
 	}
 	db := pgtest.Setup(t)
-	bin := filepath.Join(t.TempDir(), "pgfence")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildPgfence(t)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/migrations"
-	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // finding is one line of pgfence doctor.
@@ -101,7 +101,7 @@ table), so it is safe to run as any role, before or after installing.`,
 
 func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
 	sent := time.Now()
-	srv, err := sqlfuncs.ReadServerInfo(ctx, pool)
+	srv, err := catalog.ReadServerInfo(ctx, pool)
 	if err != nil {
 		add("connection", "fail", err.Error(), "check the role and database in the connection string")
 		return
@@ -141,7 +141,7 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		doctorGuards(ctx, pool, k, add)
 	}
 
-	settings, err := sqlfuncs.ReadDurabilitySettings(ctx, pool)
+	settings, err := catalog.ReadDurabilitySettings(ctx, pool)
 	if err != nil {
 		add("settings", "fail", err.Error(), "")
 		return
@@ -212,7 +212,7 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 		add("privileges", "fail", fmt.Sprintf("role %s cannot use the kit (no usage on schema fence)", k.User), grant)
 		return
 	}
-	priv, err := sqlfuncs.ReadKitPrivileges(ctx, pool)
+	priv, err := catalog.ReadKitPrivileges(ctx, pool)
 	if err != nil {
 		add("privileges", "fail", err.Error(), "")
 		return

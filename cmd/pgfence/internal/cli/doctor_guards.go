@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/sqlfuncs"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 )
 
 // doctorGuards reports what can get around the guards of protected tables:
@@ -18,7 +18,7 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 	if !k.Installed || !k.VersionKnown || k.Version < 3 || !(k.Usage || k.Super) {
 		return
 	}
-	tables, err := sqlfuncs.ProtectedTables(ctx, pool)
+	tables, err := catalog.ProtectedTables(ctx, pool)
 	if err != nil {
 		add("protected tables", "fail", err.Error(), "")
 		return
@@ -67,7 +67,7 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 // (docs/design.md, "Two promotions from one timeline"). What one server
 // cannot see: standbys of an old primary connected to nothing.
 func doctorPromotion(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
-	p, err := sqlfuncs.ReadPromotionSetup(ctx, pool)
+	p, err := catalog.ReadPromotionSetup(ctx, pool)
 	if err != nil {
 		add("promotion", "fail", err.Error(), "")
 		return

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
@@ -16,7 +17,7 @@ import (
 func doctorPlatformChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, status, detail, fix string)) {
 	doctorPoolerCheck(ctx, pool, add)
 
-	if inRecovery, err := sqlfuncs.InRecovery(ctx, pool); err != nil || inRecovery {
+	if inRecovery, err := catalog.InRecovery(ctx, pool); err != nil || inRecovery {
 		return // reported by the connection and writable checks
 	}
 	// Each read on its own, so that one a service refuses does not hide the
@@ -24,11 +25,11 @@ func doctorPlatformChecks(ctx context.Context, pool *pgxpool.Pool, add func(chec
 	var failed []string
 	for _, q := range []struct {
 		name string
-		read func(context.Context, sqlfuncs.DB) (string, error)
+		read func(context.Context, catalog.DB) (string, error)
 	}{
-		{"pg_control_system()", sqlfuncs.SystemIdentifier},
-		{"pg_current_wal_lsn()", sqlfuncs.CurrentWALLSN},
-		{"pg_walfile_name()", sqlfuncs.WALTimelineHex},
+		{"pg_control_system()", catalog.SystemIdentifier},
+		{"pg_current_wal_lsn()", catalog.CurrentWALLSN},
+		{"pg_walfile_name()", catalog.WALTimelineHex},
 	} {
 		if _, err := q.read(ctx, pool); err != nil {
 			failed = append(failed, q.name+": "+oneLine(err))
@@ -41,7 +42,7 @@ func doctorPlatformChecks(ctx context.Context, pool *pgxpool.Pool, add func(chec
 		add("token epoch", "ok", "system identifier and WAL timeline readable (pg_control_system, pg_current_wal_lsn, pg_walfile_name)", "")
 	}
 
-	if prefixes, err := sqlfuncs.ManagedServicePrefixes(ctx, pool); err == nil && len(prefixes) > 0 {
+	if prefixes, err := catalog.ManagedServicePrefixes(ctx, pool); err == nil && len(prefixes) > 0 {
 		service := strings.Join(prefixes, ",")
 		add("managed service", "warn", "settings of "+service+" are defined: "+serviceGuess(service),
 			"read docs/platforms.md for what a failover of this service means for tokens")

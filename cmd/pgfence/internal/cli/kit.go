@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
@@ -31,12 +32,12 @@ func Version() string {
 }
 
 // kitState is what the catalogs say about the kit and about the role that
-// asks (sqlfuncs.KitCatalog), and the kit's version, read without writing
+// asks (catalog.KitCatalog), and the kit's version, read without writing
 // anything: pgfence migrate version and doctor use it instead of
 // golang-migrate, which creates its version table when it is missing (and,
 // when that fails, keeps the connection it took).
 type kitState struct {
-	sqlfuncs.KitCatalog
+	catalog.KitCatalog
 
 	// Version and Dirty as recorded in the version table, or from
 	// fence.version() when that table cannot be read (DirtyKnown false).
@@ -50,13 +51,13 @@ type kitState struct {
 func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 	var k kitState
 	var err error
-	k.KitCatalog, err = sqlfuncs.ReadKitCatalog(ctx, pool, migrations.Table)
+	k.KitCatalog, err = catalog.ReadKitCatalog(ctx, pool, migrations.Table)
 	if err != nil {
 		return k, fmt.Errorf("reading the catalogs: %w", err)
 	}
 	switch {
 	case k.VersionTable && k.ReadVersionTable:
-		v, dirty, _, err := sqlfuncs.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
+		v, dirty, _, err := catalog.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
 		if err != nil {
 			return k, fmt.Errorf("reading %s.%s: %w", k.Schema, migrations.Table, err)
 		}

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/migrations"
-	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // migrateJSON is the --json shape of every migrate action. Dirty is null when
@@ -149,7 +149,7 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 	}
 	if target < int(k.Version) {
 		if target == 0 && k.Installed {
-			tables, err := sqlfuncs.ProtectedTableNames(ctx, pool)
+			tables, err := catalog.ProtectedTableNames(ctx, pool)
 			if err != nil {
 				return fmt.Errorf("listing protected tables: %w", err)
 			}
@@ -158,7 +158,7 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 			}
 		}
 		if target < 4 && int(k.Version) >= 4 && k.Installed {
-			tables, err := sqlfuncs.RowsProtectedTableNames(ctx, pool)
+			tables, err := catalog.RowsProtectedTableNames(ctx, pool)
 			if err != nil {
 				return fmt.Errorf("listing tables protected per row: %w", err)
 			}
@@ -167,7 +167,7 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 			}
 		}
 		if target < 3 && int(k.Version) >= 3 && k.Installed {
-			leases, err := sqlfuncs.HasLeases(ctx, pool)
+			leases, err := catalog.HasLeases(ctx, pool)
 			if err != nil {
 				return fmt.Errorf("reading fence.lease: %w", err)
 			}

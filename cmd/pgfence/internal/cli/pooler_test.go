@@ -88,6 +88,7 @@ func TestDemoThroughPgBouncer(t *testing.T) {
 // pooler with the CLI's connection settings (named like the other bench
 // smoke tests, which CI leaves out where the bench hangs).
 func TestBenchSmokeThroughPgBouncer(t *testing.T) {
+	pgtest.Long(t, "a bench scenario through PgBouncer")
 	admin := pgtest.AdminURL(t)
 	pb := pgtest.NewPgBouncer(t, admin)
 	code, out, errOut := run(t, append([]string{"bench", "--database-url", pb.URL(admin), "--scenario", "grant"}, smokeArgs...)...)

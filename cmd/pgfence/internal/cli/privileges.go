@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/sqlfuncs"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 )
 
 // grantUsageFix is the fix for a role that lacks the kit's usage privilege
@@ -45,7 +45,7 @@ func explainDenied(ctx context.Context, pool *pgxpool.Pool, err error) error {
 		return fmt.Errorf("%w; role %s may not use the kit (no usage on schema fence): %s", err, k.User, grantUsageFix(k, false))
 	}
 	if pgErr.Message == "permission denied for function revoke" {
-		if p, perr := sqlfuncs.ReadKitPrivileges(ctx, pool); perr == nil && !p.Revoke {
+		if p, perr := catalog.ReadKitPrivileges(ctx, pool); perr == nil && !p.Revoke {
 			return fmt.Errorf("%w; revoke is an operator action, and role %s has usage without it: %s", err, k.User, grantUsageFix(k, true))
 		}
 	}

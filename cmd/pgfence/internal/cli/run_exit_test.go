@@ -21,15 +21,22 @@ import (
 // exitOf runs the built binary and returns its exit code and output.
 func exitOf(t *testing.T, bin string, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	code, out, err := runBinary(t.Context(), bin, args...)
+	require.NoError(t, err, "%s", out)
+	return code, out
+}
+
+// runBinary is exitOf for a goroutine, which must not end the test: err is
+// an error other than the binary's exit code.
+func runBinary(ctx context.Context, bin string, args ...string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 	var xerr *exec.ExitError
 	if errors.As(err, &xerr) {
-		return xerr.ExitCode(), string(out)
+		return xerr.ExitCode(), string(out), nil
 	}
-	require.NoError(t, err, "%s", out)
-	return 0, string(out)
+	return 0, string(out), err
 }
 
 // TestRunExitCodesCanBeChosen, through the real binary: a command may exit
@@ -82,15 +89,17 @@ func TestRunExitCodesCanBeChosen(t *testing.T) {
 			done := make(chan struct{})
 			var code int
 			var out string
+			var runErr error
 			go func() {
 				defer close(done)
 				args := append([]string{"run", resource, "--ttl", "2s", url}, c.flag...)
-				code, out = exitOf(t, bin, append(args, "--", "sh", "-c", "touch "+started+"; exec sleep 60")...)
+				code, out, runErr = runBinary(t.Context(), bin, append(args, "--", "sh", "-c", "touch "+started+"; exec sleep 60")...)
 			}()
 			require.Eventually(t, func() bool { _, err := os.Stat(started); return err == nil }, 30*time.Second, 10*time.Millisecond)
 			_, err := sqlfuncs.Revoke(t.Context(), db.Pool, resource)
 			require.NoError(t, err)
 			<-done
+			require.NoError(t, runErr, "%s", out)
 			require.Equal(t, c.code, code, "%s", out)
 			require.Contains(t, out, "lost the lease on "+resource)
 		})

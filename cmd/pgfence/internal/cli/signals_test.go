@@ -17,21 +17,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
-
-// buildPgfence builds the real binary: signals are only handled by main.
-func buildPgfence(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "pgfence")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
 
 // startPgfence starts the binary; when the test ends it is killed if still
 // running (a hang fails the test through the safety timeout of the context,
@@ -208,10 +200,11 @@ func TestRunSignalDuringLossStillKillsBeforeExpiry(t *testing.T) {
 
 	// Wait until the server no longer counts the lease live: from then on it
 	// could be granted to someone else.
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var live bool
-		require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live))
-		return !live
+		if assert.NoError(c, db.Pool.QueryRow(t.Context(), `SELECT live FROM fence.leases WHERE resource = 'job'`).Scan(&live)) {
+			assert.False(c, live)
+		}
 	}, 10*time.Second, 5*time.Millisecond)
 	require.False(t, processRunning(pid), "the command is still running after the server's expiry of its lease")
 	<-done

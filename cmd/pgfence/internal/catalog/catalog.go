@@ -1,4 +1,20 @@
-package sqlfuncs
+// Package catalog holds the read-only catalog reads with which pgfence
+// doctor and pgfence migrate inspect the kit, the role's privileges and the
+// server before they act: whether the kit is installed, at which version,
+// what this role may do, and what the server's setup means for tokens.
+//
+// They are the CLI's, not the library's: package sqlfuncs binds the kit's
+// SQL functions, one Go function each, and gofence builds on those. No
+// function of schema fence can answer these questions when the kit is
+// missing or unusable by the role, so they are plain SELECTs on
+// PostgreSQL's catalogs, settings and statistics views (and the kit's
+// views). Each sends one statement, writes nothing and creates nothing (not
+// even golang-migrate's version table), so they are safe for any role,
+// before or after installing.
+//
+// Their errors are returned as pgx gives them: none of them raises a
+// fencing outcome, and the callers print PostgreSQL's message as it is.
+package catalog
 
 import (
 	"context"
@@ -8,18 +24,16 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The reads in this file ask PostgreSQL's catalogs, settings and statistics
-// views (and the kit's views) what pgfence doctor and pgfence migrate need to
-// know before they act: whether the kit is installed, at which version, what
-// this role may do, and what the server's setup means for tokens. No function
-// of schema fence can answer them when the kit is missing or unusable by the
-// role, so they are plain SELECTs. Each sends one statement, writes nothing
-// and creates nothing (not even golang-migrate's version table), so they are
-// safe for any role, before or after installing.
-//
-// Unlike the bindings of the kit's functions, their errors are returned as
-// pgx gives them: none of them raises a fencing outcome, and the callers
-// print PostgreSQL's message as it is.
+// DB is the part of pgx that the single-row reads use; *pgx.Conn, pgx.Tx
+// and *pgxpool.Pool all satisfy it.
+type DB interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Querier is what the multi-row reads use.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
 
 // KitCatalog is what the catalogs say about the kit and about the role that
 // asks (ReadKitCatalog).
@@ -274,15 +288,6 @@ func ReadPromotionSetup(ctx context.Context, db DB) (PromotionSetup, error) {
 		coalesce((SELECT a.last_failed_time > coalesce(a.last_archived_time, '-infinity') FROM pg_stat_archiver a), false)`).Scan(
 		&s.InRecovery, &s.Timeline, &s.ArchiveMode, &s.Archiver, &s.RestoreCommand, &s.RecoveryTargetTimeline, &s.Standbys, &s.ArchiverFailing)
 	return s, err
-}
-
-// BackendPID calls pg_backend_pid(): the process id of the backend that
-// runs the statement (behind a pooler, not necessarily the one announced at
-// connect).
-func BackendPID(ctx context.Context, db DB) (uint32, error) {
-	var pid uint32
-	err := db.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
-	return pid, err
 }
 
 // InRecovery calls pg_is_in_recovery(): true on a standby.

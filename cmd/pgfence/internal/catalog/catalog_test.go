@@ -1,6 +1,7 @@
-package sqlfuncs_test
+package catalog_test
 
 import (
+	"context"
 	"regexp"
 	"strconv"
 	"testing"
@@ -10,13 +11,34 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// TestCatalogReadsOnAMigratedDatabase runs every catalog read of catalog.go
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type bundle struct {
+	ctx context.Context
+	db  *pgtest.DB
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	return &bundle{ctx: t.Context(), db: pgtest.Setup(t)}
+}
+
+// exec runs SQL that belongs to the test itself (tables, grants), failing
+// the test on error.
+func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(b.ctx, sql, args...)
+	require.NoError(t, err, sql)
+}
+
+// TestCatalogReadsOnAMigratedDatabase runs every catalog read
 // on a database at the latest migration and checks each answer against what
 // the test set up or against PostgreSQL's own view of the same thing.
 func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
@@ -24,7 +46,7 @@ func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
 	b := setup(t)
 	ctx, pool := b.ctx, b.db.Pool
 
-	k, err := sqlfuncs.ReadKitCatalog(ctx, pool, migrations.Table)
+	k, err := catalog.ReadKitCatalog(ctx, pool, migrations.Table)
 	require.NoError(t, err)
 	var user, schema string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT current_user, current_schema()`).Scan(&user, &schema))
@@ -37,15 +59,15 @@ func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
 	require.True(t, k.IsKitOwner, "%+v", k)
 	require.NotEmpty(t, k.KitOwner)
 
-	v, dirty, ok, err := sqlfuncs.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
+	v, dirty, ok, err := catalog.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.False(t, dirty)
 	require.EqualValues(t, migrations.Latest, v)
-	_, _, _, err = sqlfuncs.MigrationVersion(ctx, pool, k.Schema, "no_such_table")
+	_, _, _, err = catalog.MigrationVersion(ctx, pool, k.Schema, "no_such_table")
 	require.Error(t, err, "a missing version table is an error, not version 0")
 
-	srv, err := sqlfuncs.ReadServerInfo(ctx, pool)
+	srv, err := catalog.ReadServerInfo(ctx, pool)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, srv.VersionNum, 130000)
 	require.Equal(t, strconv.Itoa(srv.VersionNum/10000), regexp.MustCompile(`^\d+`).FindString(srv.Version))
@@ -53,26 +75,22 @@ func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
 	require.Equal(t, user, srv.User)
 	require.WithinDuration(t, time.Now(), srv.Now, time.Hour, "the same machine's clock")
 
-	inRecovery, err := sqlfuncs.InRecovery(ctx, pool)
+	inRecovery, err := catalog.InRecovery(ctx, pool)
 	require.NoError(t, err)
 	require.False(t, inRecovery)
 
 	conn := b.db.Conn(t)
-	pid, err := sqlfuncs.BackendPID(ctx, conn)
-	require.NoError(t, err)
-	require.Equal(t, conn.PgConn().PID(), pid, "a direct connection's backend is the one announced at connect")
-
-	sysid, err := sqlfuncs.SystemIdentifier(ctx, pool)
+	sysid, err := catalog.SystemIdentifier(ctx, pool)
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9]+$`, sysid)
-	lsn, err := sqlfuncs.CurrentWALLSN(ctx, pool)
+	lsn, err := catalog.CurrentWALLSN(ctx, pool)
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9A-F]+/[0-9A-F]+$`, lsn)
-	tli, err := sqlfuncs.WALTimelineHex(ctx, pool)
+	tli, err := catalog.WALTimelineHex(ctx, pool)
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9A-F]{8}$`, tli)
 
-	p, err := sqlfuncs.ReadPromotionSetup(ctx, pool)
+	p, err := catalog.ReadPromotionSetup(ctx, pool)
 	require.NoError(t, err)
 	require.False(t, p.InRecovery)
 	want, err := strconv.ParseInt(tli, 16, 64)
@@ -84,7 +102,7 @@ func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
 	require.Equal(t, targetTimeline, p.RecoveryTargetTimeline)
 	require.GreaterOrEqual(t, p.Standbys, 0)
 
-	d, err := sqlfuncs.ReadDurabilitySettings(ctx, pool)
+	d, err := catalog.ReadDurabilitySettings(ctx, pool)
 	require.NoError(t, err)
 	var syncCommit string
 	require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit))
@@ -93,11 +111,11 @@ func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
 	require.GreaterOrEqual(t, d.Standbys, d.AsyncStandbys)
 	require.GreaterOrEqual(t, d.AsyncStandbys, 0)
 
-	priv, err := sqlfuncs.ReadKitPrivileges(ctx, pool)
+	priv, err := catalog.ReadKitPrivileges(ctx, pool)
 	require.NoError(t, err)
-	require.Equal(t, sqlfuncs.KitPrivileges{Usage: true, Acquire: true, Check: true, Revoke: true}, priv, "the kit's owner")
+	require.Equal(t, catalog.KitPrivileges{Usage: true, Acquire: true, Check: true, Revoke: true}, priv, "the kit's owner")
 
-	prefixes, err := sqlfuncs.ManagedServicePrefixes(ctx, conn)
+	prefixes, err := catalog.ManagedServicePrefixes(ctx, conn)
 	require.NoError(t, err)
 	require.Empty(t, prefixes, "a plain PostgreSQL server")
 	// A SET of such a name makes only a placeholder, which pg_settings does
@@ -105,7 +123,7 @@ func TestCatalogReadsOnAMigratedDatabase(t *testing.T) {
 	// no stock server has one to show here.
 	_, err = conn.Exec(ctx, `SET neon.x = 'on'`)
 	require.NoError(t, err)
-	prefixes, err = sqlfuncs.ManagedServicePrefixes(ctx, conn)
+	prefixes, err = catalog.ManagedServicePrefixes(ctx, conn)
 	require.NoError(t, err)
 	require.Empty(t, prefixes)
 }
@@ -118,26 +136,26 @@ func TestLeasesAndProtectedTables(t *testing.T) {
 	b := setup(t)
 	ctx, pool := b.ctx, b.db.Pool
 
-	has, err := sqlfuncs.HasLeases(ctx, pool)
+	has, err := catalog.HasLeases(ctx, pool)
 	require.NoError(t, err)
 	require.False(t, has)
 	tok, ok, err := sqlfuncs.Acquire(ctx, pool, "r", "me", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
-	has, err = sqlfuncs.HasLeases(ctx, pool)
+	has, err = catalog.HasLeases(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, has)
 	released, err := sqlfuncs.Release(ctx, pool, "r", tok)
 	require.NoError(t, err)
 	require.True(t, released)
-	has, err = sqlfuncs.HasLeases(ctx, pool)
+	has, err = catalog.HasLeases(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, has, "fence.lease keeps the latest token of an ended lease")
 
-	names, err := sqlfuncs.ProtectedTableNames(ctx, pool)
+	names, err := catalog.ProtectedTableNames(ctx, pool)
 	require.NoError(t, err)
 	require.Empty(t, names)
-	tables, err := sqlfuncs.ProtectedTables(ctx, pool)
+	tables, err := catalog.ProtectedTables(ctx, pool)
 	require.NoError(t, err)
 	require.Empty(t, tables)
 
@@ -148,12 +166,12 @@ func TestLeasesAndProtectedTables(t *testing.T) {
 	require.NoError(t, sqlfuncs.ProtectRows(ctx, pool, "invoice", "id", "invoice:", "tok"))
 	require.NoError(t, sqlfuncs.Protect(ctx, pool, `"Notes"`, "notes", ""))
 
-	names, err = sqlfuncs.ProtectedTableNames(ctx, pool)
+	names, err = catalog.ProtectedTableNames(ctx, pool)
 	require.NoError(t, err)
 	var sorted []string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(n ORDER BY n) FROM unnest(ARRAY['orders', 'invoice', '"Notes"']) n`).Scan(&sorted))
 	require.Equal(t, sorted, names, "sorted as the database sorts text")
-	names, err = sqlfuncs.RowsProtectedTableNames(ctx, pool)
+	names, err = catalog.RowsProtectedTableNames(ctx, pool)
 	require.NoError(t, err)
 	require.Equal(t, []string{"invoice"}, names)
 
@@ -161,18 +179,18 @@ func TestLeasesAndProtectedTables(t *testing.T) {
 	b.exec(t, `GRANT TRIGGER ON orders TO `+pgx.Identifier{role}.Sanitize())
 	b.exec(t, `ALTER TABLE "Notes" DISABLE TRIGGER USER`)
 
-	tables, err = sqlfuncs.ProtectedTables(ctx, pool)
+	tables, err = catalog.ProtectedTables(ctx, pool)
 	require.NoError(t, err)
-	byName := map[string]sqlfuncs.ProtectedTable{}
+	byName := map[string]catalog.ProtectedTable{}
 	for _, p := range tables {
 		byName[p.Table] = p
 	}
 	require.Len(t, byName, 3, "%+v", tables)
-	require.Equal(t, sqlfuncs.ProtectedTable{Table: "invoice", Resource: "invoice:", TokenColumn: "tok", Form: "rows", ResourceColumn: "id", TriggerRoles: []string{}},
+	require.Equal(t, catalog.ProtectedTable{Table: "invoice", Resource: "invoice:", TokenColumn: "tok", Form: "rows", ResourceColumn: "id", TriggerRoles: []string{}},
 		byName["invoice"])
-	require.Equal(t, sqlfuncs.ProtectedTable{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{role}},
+	require.Equal(t, catalog.ProtectedTable{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{role}},
 		byName["orders"])
-	require.Equal(t, sqlfuncs.ProtectedTable{Table: `"Notes"`, Resource: "notes", Form: "table", TriggerRoles: []string{}, GuardDisabled: true},
+	require.Equal(t, catalog.ProtectedTable{Table: `"Notes"`, Resource: "notes", Form: "table", TriggerRoles: []string{}, GuardDisabled: true},
 		byName[`"Notes"`])
 	var order []string
 	for _, p := range tables {
@@ -181,7 +199,7 @@ func TestLeasesAndProtectedTables(t *testing.T) {
 	require.Equal(t, sorted, order, "ordered by name")
 
 	require.NoError(t, sqlfuncs.Unprotect(ctx, pool, "invoice"))
-	names, err = sqlfuncs.RowsProtectedTableNames(ctx, pool)
+	names, err = catalog.RowsProtectedTableNames(ctx, pool)
 	require.NoError(t, err)
 	require.Empty(t, names)
 }
@@ -195,9 +213,9 @@ func TestProtectedTablesAtVersion3(t *testing.T) {
 	db := pgtest.Empty(t)
 	ctx := t.Context()
 	require.NoError(t, gofence.MigrateTo(ctx, db.Pool, 3))
-	k, err := sqlfuncs.ReadKitCatalog(ctx, db.Pool, migrations.Table)
+	k, err := catalog.ReadKitCatalog(ctx, db.Pool, migrations.Table)
 	require.NoError(t, err)
-	v, dirty, ok, err := sqlfuncs.MigrationVersion(ctx, db.Pool, k.Schema, migrations.Table)
+	v, dirty, ok, err := catalog.MigrationVersion(ctx, db.Pool, k.Schema, migrations.Table)
 	require.NoError(t, err)
 	require.True(t, ok && !dirty)
 	require.EqualValues(t, 3, v)
@@ -205,13 +223,13 @@ func TestProtectedTablesAtVersion3(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "orders", "orders", "tok"))
 
-	tables, err := sqlfuncs.ProtectedTables(ctx, db.Pool)
+	tables, err := catalog.ProtectedTables(ctx, db.Pool)
 	require.NoError(t, err)
-	require.Equal(t, []sqlfuncs.ProtectedTable{{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{}}}, tables)
-	names, err := sqlfuncs.ProtectedTableNames(ctx, db.Pool)
+	require.Equal(t, []catalog.ProtectedTable{{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{}}}, tables)
+	names, err := catalog.ProtectedTableNames(ctx, db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, []string{"orders"}, names)
-	_, err = sqlfuncs.RowsProtectedTableNames(ctx, db.Pool)
+	_, err = catalog.RowsProtectedTableNames(ctx, db.Pool)
 	require.Error(t, err)
 }
 
@@ -237,7 +255,7 @@ func TestCatalogReadsWithoutTheKit(t *testing.T) {
 	}
 	before := objects()
 
-	k, err := sqlfuncs.ReadKitCatalog(ctx, pool, migrations.Table)
+	k, err := catalog.ReadKitCatalog(ctx, pool, migrations.Table)
 	require.NoError(t, err)
 	require.Equal(t, role, k.User)
 	require.False(t, k.Super)
@@ -254,17 +272,17 @@ func TestCatalogReadsWithoutTheKit(t *testing.T) {
 		read     func() error
 	}{
 		{"MigrationVersion", true, func() error {
-			_, _, _, err := sqlfuncs.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
+			_, _, _, err := catalog.MigrationVersion(ctx, pool, k.Schema, migrations.Table)
 			return err
 		}},
-		{"HasLeases", true, func() error { _, err := sqlfuncs.HasLeases(ctx, pool); return err }},
-		{"ProtectedTableNames", true, func() error { _, err := sqlfuncs.ProtectedTableNames(ctx, pool); return err }},
-		{"ProtectedTables", true, func() error { _, err := sqlfuncs.ProtectedTables(ctx, pool); return err }},
-		{"ReadKitPrivileges", true, func() error { _, err := sqlfuncs.ReadKitPrivileges(ctx, pool); return err }},
-		{"ReadServerInfo", false, func() error { _, err := sqlfuncs.ReadServerInfo(ctx, pool); return err }},
-		{"ReadDurabilitySettings", false, func() error { _, err := sqlfuncs.ReadDurabilitySettings(ctx, pool); return err }},
-		{"ReadPromotionSetup", false, func() error { _, err := sqlfuncs.ReadPromotionSetup(ctx, pool); return err }},
-		{"ManagedServicePrefixes", false, func() error { _, err := sqlfuncs.ManagedServicePrefixes(ctx, pool); return err }},
+		{"HasLeases", true, func() error { _, err := catalog.HasLeases(ctx, pool); return err }},
+		{"ProtectedTableNames", true, func() error { _, err := catalog.ProtectedTableNames(ctx, pool); return err }},
+		{"ProtectedTables", true, func() error { _, err := catalog.ProtectedTables(ctx, pool); return err }},
+		{"ReadKitPrivileges", true, func() error { _, err := catalog.ReadKitPrivileges(ctx, pool); return err }},
+		{"ReadServerInfo", false, func() error { _, err := catalog.ReadServerInfo(ctx, pool); return err }},
+		{"ReadDurabilitySettings", false, func() error { _, err := catalog.ReadDurabilitySettings(ctx, pool); return err }},
+		{"ReadPromotionSetup", false, func() error { _, err := catalog.ReadPromotionSetup(ctx, pool); return err }},
+		{"ManagedServicePrefixes", false, func() error { _, err := catalog.ManagedServicePrefixes(ctx, pool); return err }},
 	} {
 		if err := r.read(); r.needsKit {
 			require.Error(t, err, r.name)
@@ -287,21 +305,21 @@ func TestKitPrivilegesFollowGrantUsage(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	k, err := sqlfuncs.ReadKitCatalog(ctx, pool, migrations.Table)
+	k, err := catalog.ReadKitCatalog(ctx, pool, migrations.Table)
 	require.NoError(t, err)
 	require.True(t, k.Installed)
 	require.False(t, k.Usage || k.CallVersion || k.IsKitOwner)
 
 	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, role, false))
-	p, err := sqlfuncs.ReadKitPrivileges(ctx, pool)
+	p, err := catalog.ReadKitPrivileges(ctx, pool)
 	require.NoError(t, err)
-	require.Equal(t, sqlfuncs.KitPrivileges{Usage: true, Acquire: true, Check: true}, p)
-	k, err = sqlfuncs.ReadKitCatalog(ctx, pool, migrations.Table)
+	require.Equal(t, catalog.KitPrivileges{Usage: true, Acquire: true, Check: true}, p)
+	k, err = catalog.ReadKitCatalog(ctx, pool, migrations.Table)
 	require.NoError(t, err)
 	require.True(t, k.Usage && k.CallVersion)
 
 	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, role, true))
-	p, err = sqlfuncs.ReadKitPrivileges(ctx, pool)
+	p, err = catalog.ReadKitPrivileges(ctx, pool)
 	require.NoError(t, err)
-	require.Equal(t, sqlfuncs.KitPrivileges{Usage: true, Acquire: true, Check: true, Revoke: true}, p)
+	require.Equal(t, catalog.KitPrivileges{Usage: true, Acquire: true, Check: true, Revoke: true}, p)
 }
