@@ -562,7 +562,7 @@ $s$
 DECLARE
     res    pg_catalog.text := TG_ARGV[0];
     tok    pg_catalog.int8;
-    latest pg_catalog.int8;
+    ok     pg_catalog.bool;
     reg    pg_catalog.text;
 BEGIN
 $s$,
@@ -600,13 +600,18 @@ $s$
     END IF;
 $s$,
 $s$
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(res));
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
-        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
-        IF latest IS NULL OR latest OPERATOR(pg_catalog.<>) tok THEN
-            PERFORM fence.check(res, tok);
-        END IF;
-    ELSE
+    -- One query: the gate, tried, then the row as this statement's snapshot
+    -- sees it. A version nobody updated or locked since it was written
+    -- (xmax 0), read while we hold the gate, is the latest one at any
+    -- isolation level, and stays so until we end: a grant takes the gate
+    -- before it locks the row, and one that committed after our snapshot
+    -- left its xmax on the version we see. Anything else, fence.check
+    -- (it waits for the gate, locks the row under REPEATABLE READ, and
+    -- words the error). docs/design.md, "Linearizable fencing".
+    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res))
+           AND x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid AND x.token OPERATOR(pg_catalog.=) tok
+      INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
+    IF ok IS NOT TRUE THEN
         PERFORM fence.check(res, tok);
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
@@ -662,7 +667,7 @@ AS $function$
 DECLARE
     res    pg_catalog.text := TG_ARGV[0];
     tok    pg_catalog.int8;
-    latest pg_catalog.int8;
+    ok     pg_catalog.bool;
     reg    pg_catalog.text;
 BEGIN
 
@@ -681,13 +686,18 @@ BEGIN
         END IF;
     END IF;
 
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(res));
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
-        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
-        IF latest IS NULL OR latest OPERATOR(pg_catalog.<>) tok THEN
-            PERFORM fence.check(res, tok);
-        END IF;
-    ELSE
+    -- One query: the gate, tried, then the row as this statement's snapshot
+    -- sees it. A version nobody updated or locked since it was written
+    -- (xmax 0), read while we hold the gate, is the latest one at any
+    -- isolation level, and stays so until we end: a grant takes the gate
+    -- before it locks the row, and one that committed after our snapshot
+    -- left its xmax on the version we see. Anything else, fence.check
+    -- (it waits for the gate, locks the row under REPEATABLE READ, and
+    -- words the error). docs/design.md, "Linearizable fencing".
+    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res))
+           AND x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid AND x.token OPERATOR(pg_catalog.=) tok
+      INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
+    IF ok IS NOT TRUE THEN
         PERFORM fence.check(res, tok);
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
@@ -1084,7 +1094,15 @@ $s$
                    FROM (SELECT DISTINCT fence._gate_key(u.r) AS k FROM pg_catalog.unnest(rs) AS u(r)) g ORDER BY g.k;
             END IF;
             PERFORM pg_catalog.set_config('fence._gates', (held OPERATOR(pg_catalog.+) n)::pg_catalog.text, true);
-            IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+            IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+                NULL;  -- the row locks of fence._check_many
+            ELSIF n OPERATOR(pg_catalog.=) 1 THEN
+                -- one resource (most statements): a plain read by key
+                SELECT x.token OPERATOR(pg_catalog.<>) ts[1] INTO stale FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) rs[1];
+                IF stale IS FALSE THEN
+                    RETURN NULL;
+                END IF;
+            ELSE
                 SELECT pg_catalog.count(*), pg_catalog.bool_or(u.t IS NULL OR u.t OPERATOR(pg_catalog.<>) l.token) INTO found_n, stale
                   FROM ROWS FROM (pg_catalog.unnest(rs), pg_catalog.unnest(ts)) AS u(r, t),
                        LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) u.r) l;
