@@ -158,6 +158,9 @@ type ProtectedTable struct {
 	// GuardDisabled: a trigger of the table whose function is in schema
 	// fence is disabled (ALTER TABLE ... DISABLE TRIGGER).
 	GuardDisabled bool
+	// FiresAlways: every guard trigger fires in replica mode too
+	// (fence.fire_always, migration 7); false before migration 7.
+	FiresAlways bool
 }
 
 // protectedTablesSQL reads form and resource_column through to_jsonb, so
@@ -168,7 +171,8 @@ const protectedTablesSQL = `SELECT p.tbl::text, p.resource, coalesce(p.token_col
 		coalesce(p.trigger_roles::text[], '{}'),
 		EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p.tbl AND t.tgname = 'zz_fence_guard_row'),
 		EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
-		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'D')
+		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'D'),
+		coalesce((to_jsonb(p)->>'fires_always')::boolean, false)
 		FROM fence.protected p ORDER BY 1`
 
 // ProtectedTables reads every row of fence.protected, ordered by table
@@ -181,9 +185,27 @@ func ProtectedTables(ctx context.Context, db Querier) ([]ProtectedTable, error) 
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProtectedTable, error) {
 		var p ProtectedTable
-		err := r.Scan(&p.Table, &p.Resource, &p.TokenColumn, &p.Form, &p.ResourceColumn, &p.TriggerRoles, &p.LegacyGuard, &p.GuardDisabled)
+		err := r.Scan(&p.Table, &p.Resource, &p.TokenColumn, &p.Form, &p.ResourceColumn, &p.TriggerRoles, &p.LegacyGuard, &p.GuardDisabled, &p.FiresAlways)
 		return p, err
 	})
+}
+
+// ReplicaModeSetters lists the roles other than superusers that were
+// granted SET on session_replication_role (PUBLIC when it was granted to
+// everyone), sorted: in replica mode their sessions skip every guard trigger
+// that does not fire always. Parameter privileges exist from PostgreSQL 15
+// on (serverVersionNum, server_version_num); before, only superusers can set
+// it, the list is empty and nothing is sent.
+func ReplicaModeSetters(ctx context.Context, db DB, serverVersionNum int) ([]string, error) {
+	if serverVersionNum < 150000 {
+		return nil, nil
+	}
+	var roles []string
+	err := db.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT CASE WHEN x.grantee = 0 THEN 'PUBLIC' ELSE r.rolname::text END), '{}')
+		  FROM pg_catalog.pg_parameter_acl a, pg_catalog.aclexplode(a.paracl) x
+		  LEFT JOIN pg_catalog.pg_roles r ON r.oid = x.grantee
+		 WHERE a.parname = 'session_replication_role' AND x.privilege_type = 'SET' AND NOT coalesce(r.rolsuper, false)`).Scan(&roles)
+	return roles, err
 }
 
 // ServerInfo is what ReadServerInfo reads about the server and the session.

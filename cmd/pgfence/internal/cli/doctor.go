@@ -138,7 +138,7 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 	} else {
 		database = k.Database
 		doctorKit(ctx, pool, k, add)
-		doctorGuards(ctx, pool, k, add)
+		doctorGuards(ctx, pool, k, srv.VersionNum, add)
 	}
 
 	settings, err := catalog.ReadDurabilitySettings(ctx, pool)

@@ -12,9 +12,11 @@ import (
 
 // doctorGuards reports what can get around the guards of protected tables:
 // roles other than the owner with the TRIGGER privilege (they can add a
-// trigger that rewrites rows after the guard), disabled guard triggers, and
-// tables that still carry migration 002's guard.
-func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(check, status, detail, fix string)) {
+// trigger that rewrites rows after the guard), disabled guard triggers,
+// tables that still carry migration 002's guard, and guards that do not
+// fire in replica mode while a role other than a superuser may choose it
+// (SET on session_replication_role, PostgreSQL 15+).
+func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, serverVersionNum int, add func(check, status, detail, fix string)) {
 	if !k.Installed || !k.VersionKnown || k.Version < 3 || !(k.Usage || k.Super) {
 		return
 	}
@@ -23,8 +25,24 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 		add("protected tables", "fail", err.Error(), "")
 		return
 	}
+	setters, err := catalog.ReplicaModeSetters(ctx, pool, serverVersionNum)
+	if err != nil {
+		add("protected tables", "fail", err.Error(), "")
+		return
+	}
 	clean := 0
 	for _, t := range tables {
+		replica := len(setters) > 0 && !t.FiresAlways
+		if replica {
+			fix := fmt.Sprintf("as the owner of %s: SELECT fence.fire_always('%s') (or REVOKE SET ON PARAMETER session_replication_role FROM %s)",
+				t.Table, strings.ReplaceAll(t.Table, "'", "''"), strings.Join(setters, ", "))
+			if k.Version < 7 {
+				fix = fmt.Sprintf("REVOKE SET ON PARAMETER session_replication_role FROM %s, or migrate to version 7 and, as the owner of %s, SELECT fence.fire_always('%s')",
+					strings.Join(setters, ", "), t.Table, strings.ReplaceAll(t.Table, "'", "''"))
+			}
+			add("protected tables", "warn", fmt.Sprintf("%s may set session_replication_role = replica, and then the guards of %s do not fire: its writes there are not fenced",
+				strings.Join(setters, ", "), t.Table), fix)
+		}
 		roles := strings.Join(t.TriggerRoles, ", ")
 		if t.GuardDisabled {
 			again := "fence.protect"
@@ -48,7 +66,7 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(
 			add("protected tables", "warn", fmt.Sprintf("%s keeps the guard of migration 2 (made fail-closed by migration 3, but slower, and an UPDATE that re-assigns the row's own token needs fence.use_token)", t.Table),
 				"as the owner of "+t.Table+": "+protect)
 		}
-		if !t.GuardDisabled && roles == "" && !t.LegacyGuard {
+		if !t.GuardDisabled && roles == "" && !t.LegacyGuard && !replica {
 			clean++
 		}
 	}

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -90,4 +91,55 @@ func TestDoctorWarnsOfTwoPromotionsWithoutAnArchive(t *testing.T) {
 	require.Equal(t, "warn", fs[0].Status)
 	require.Contains(t, fs[0].Detail, "no WAL archive and 1 standby(s) connected")
 	require.Contains(t, fs[0].Fix, "archive WAL")
+}
+
+// TestDoctorReportsGuardsThatReplicaModeSkips (issue 19, item 4): once a
+// role other than a superuser may set session_replication_role (GRANT SET
+// ON PARAMETER, PostgreSQL 15+), a session of that role in replica mode
+// skips every guard trigger that does not fire always; doctor names the
+// tables of either form whose guards do not, with fence.fire_always as the
+// fix, and stops once they do.
+func TestDoctorReportsGuardsThatReplicaModeSkips(t *testing.T) {
+	t.Parallel()
+	// A cluster of its own: a parameter's privileges hold for every database
+	// of the server, and would show in the doctor tests of others.
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, c.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var version int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
+	if version < 150000 {
+		t.Skip("parameter privileges exist from PostgreSQL 15 on; before, only superusers choose replica mode")
+	}
+	exec := func(sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	exec(`CREATE TABLE wide (id int, tok bigint)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, conn, "wide", "r", "tok"))
+	exec(`CREATE TABLE perrow (id int NOT NULL, tok bigint)`)
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, conn, "perrow", "id", "r:", "tok"))
+	text := func() string {
+		var lines []string
+		for _, f := range doctorList(t, c.URL(), "protected tables") {
+			lines = append(lines, f.Status+" "+f.Detail+" | "+f.Fix)
+		}
+		return strings.Join(lines, "\n")
+	}
+	require.NotContains(t, text(), "session_replication_role", "nobody but superusers may choose replica mode")
+
+	const loader = "loader"
+	exec(`CREATE ROLE ` + loader)
+	exec(`GRANT SET ON PARAMETER session_replication_role TO ` + loader)
+	all := text()
+	for _, tbl := range []string{"wide", "perrow"} {
+		require.Contains(t, all, "warn "+loader+" may set session_replication_role = replica, and then the guards of "+tbl+" do not fire")
+		require.Contains(t, all, "SELECT fence.fire_always('"+tbl+"')")
+	}
+	require.NoError(t, sqlfuncs.FireAlways(ctx, conn, "wide", true))
+	require.NoError(t, sqlfuncs.FireAlways(ctx, conn, "perrow", true))
+	require.NotContains(t, text(), "session_replication_role")
 }
