@@ -234,16 +234,18 @@ func TestApplicationRolePrivileges(t *testing.T) {
 		require.Zero(t, forged)
 	})
 
-	t.Run("the only sequence of the kit is the token counter, and only the owner can use it", func(t *testing.T) {
+	t.Run("the kit's sequences (the token counter, the epoch floor, the refusal counters) are the owner's alone", func(t *testing.T) {
 		var seqs []string
-		rows, err := owner.Query(ctx, `SELECT relname::text FROM pg_class WHERE relkind = 'S' AND relnamespace = 'fence'::regnamespace`)
+		rows, err := owner.Query(ctx, `SELECT relname::text FROM pg_class WHERE relkind = 'S' AND relnamespace = 'fence'::regnamespace ORDER BY relname`)
 		require.NoError(t, err)
 		seqs, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
-		require.Equal(t, []string{"token_counter"}, seqs)
-		var usable bool
-		require.NoError(t, owner.QueryRow(ctx, `SELECT has_sequence_privilege($1, 'fence.token_counter', 'USAGE,UPDATE,SELECT')`, app).Scan(&usable))
-		require.False(t, usable)
+		require.Equal(t, []string{"epoch_floor", "refusals_fn001", "refusals_fn002", "refusals_fn003", "token_counter"}, seqs)
+		for _, s := range seqs {
+			var usable bool
+			require.NoError(t, owner.QueryRow(ctx, `SELECT has_sequence_privilege($1, 'fence.' || $2, 'USAGE') OR has_sequence_privilege($1, 'fence.' || $2, 'UPDATE') OR has_sequence_privilege($1, 'fence.' || $2, 'SELECT')`, app, s).Scan(&usable))
+			require.False(t, usable, s)
+		}
 	})
 
 	t.Run("revoke_usage takes it all back", func(t *testing.T) {
@@ -304,7 +306,7 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		   AND p.oid NOT IN ('fence._guard_function(regclass, name)'::regprocedure, 'fence._token_floor()'::regprocedure,
 		                     'fence._raise_floor(bigint)'::regprocedure, 'fence._rows_function(regclass, name, name)'::regprocedure,
 		                     'fence._check_many(text[], bigint[], text, oid)'::regprocedure,
-		                     'fence._durable()'::regprocedure)`)
+		                     'fence._durable()'::regprocedure, 'fence._refuse(text, text, text, text)'::regprocedure)`)
 	require.NoError(t, err)
 	definers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
