@@ -731,6 +731,8 @@ BEGIN
     l.session_pid
    FROM fence.lease l$v$;
     EXECUTE $v$COMMENT ON VIEW fence.leases IS 'every resource ever granted: holder, latest token, kind (ttl, session, revoked), times, and whether the lease is live now by the server clock'$v$;
+    -- as every object of the kit: an explicit ACL, nothing for PUBLIC
+    REVOKE ALL ON fence.leases FROM PUBLIC;
     FOREACH r IN ARRAY coalesce(grantees, '{}') LOOP
         EXECUTE pg_catalog.format('GRANT SELECT ON fence.leases TO %I', r);
     END LOOP;

@@ -458,28 +458,35 @@ func (b *bench) setup(ctx context.Context) (*benchEnv, error) {
 // with fence.acquire and ended with fence.release: grantBatch of them to a
 // transaction, prefillWorkers transactions at a time on disjoint ranges.
 func prefill(ctx context.Context, pool *pgxpool.Pool, prefix string, n int, hand bool) error {
+	batch := func(ctx context.Context, first, last int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for id := first; id <= last; id++ {
+				res := prefix + strconv.Itoa(id)
+				tok, ok, err := sqlfuncs.Acquire(ctx, tx, res, "bench-prefill", benchTTL)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return fmt.Errorf("resource %s is held: the bench database should be new", res)
+				}
+				if ok, err := sqlfuncs.Release(ctx, tx, res, tok); err != nil || !ok {
+					return cmpErr(err, fmt.Errorf("releasing %s did not end its lease", res))
+				}
+			}
+			return nil
+		})
+	}
+	// The first batch alone: the first grant in a new database validates the
+	// epoch state and holds it until its transaction commits, and a grant that
+	// finds it held waits at most fence.grant_wait (then it is busy).
+	if err := batch(ctx, 1, min(grantBatch, n)); err != nil {
+		return fmt.Errorf("filling fence.lease: %w", err)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(prefillWorkers)
-	for first := 1; first <= n; first += grantBatch {
+	for first := grantBatch + 1; first <= n; first += grantBatch {
 		last := min(first+grantBatch-1, n)
-		g.Go(func() error {
-			return pgx.BeginFunc(gctx, pool, func(tx pgx.Tx) error {
-				for id := first; id <= last; id++ {
-					res := prefix + strconv.Itoa(id)
-					tok, ok, err := sqlfuncs.Acquire(gctx, tx, res, "bench-prefill", benchTTL)
-					if err != nil {
-						return err
-					}
-					if !ok {
-						return fmt.Errorf("resource %s is held: the bench database should be new", res)
-					}
-					if ok, err := sqlfuncs.Release(gctx, tx, res, tok); err != nil || !ok {
-						return cmpErr(err, fmt.Errorf("releasing %s did not end its lease", res))
-					}
-				}
-				return nil
-			})
-		})
+		g.Go(func() error { return batch(gctx, first, last) })
 	}
 	if err := g.Wait(); err != nil {
 		return fmt.Errorf("filling fence.lease: %w", err)
