@@ -2,9 +2,9 @@
 -- pg_get_functiondef prints them, so each is exactly what 007 installed),
 -- the generated guards rebuilt from 007's sources, fence.leases without
 -- expires_in (its SELECT grants kept), and no floor sequence, refusal
--- counters, fence.refusals, fence._refuse, fence._epoch_within or
--- fence._columns_of. A view of yours on fence.leases makes the down fail
--- (drop it first).
+-- counters, fence.refusals, fence._refuse, fence._epoch_within,
+-- fence._columns_of, fence._check or fence._guard_slow. A view of yours on
+-- fence.leases makes the down fail (drop it first).
 
 CREATE OR REPLACE FUNCTION fence."check"(resource text, token bigint)
  RETURNS void
@@ -702,6 +702,38 @@ CREATE OR REPLACE FUNCTION fence.version()
 AS $function$ SELECT 7 $function$;
 COMMENT ON FUNCTION fence.version() IS 'the migration version of the installed pgfence schema';
 
+CREATE OR REPLACE FUNCTION fence.use_token(resource text, token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    m jsonb;
+BEGIN
+    PERFORM fence.check(resource, token);
+    m := coalesce(nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb, '{}'::jsonb);
+    PERFORM pg_catalog.set_config('fence.tokens',
+        pg_catalog.jsonb_set(m, ARRAY[resource], pg_catalog.to_jsonb(token))::text, true);
+END
+$function$;
+COMMENT ON FUNCTION fence.use_token(text,bigint) IS 'fence.check, then remembers the token for the rest of the transaction for guarded tables without a token column';
+
+CREATE OR REPLACE FUNCTION fence._durable()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    durable text;
+BEGIN
+    durable := fence._force_durable();
+    RETURN NULL;
+END
+$function$;
+
 DO $$
 DECLARE
     grantees name[];
@@ -743,6 +775,8 @@ DROP VIEW fence.refusals;
 DROP FUNCTION fence._refuse(text, text, text, text);
 DROP FUNCTION fence._epoch_within(bigint);
 DROP FUNCTION fence._columns_of(regclass, name[]);
+DROP FUNCTION fence._check(text, bigint);
+DROP FUNCTION fence._guard_slow(text, bigint, bigint, text, oid);
 DROP SEQUENCE fence.refusals_fn001;
 DROP SEQUENCE fence.refusals_fn002;
 DROP SEQUENCE fence.refusals_fn003;

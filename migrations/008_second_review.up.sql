@@ -29,6 +29,20 @@
 --    fails); fence.refusals shows the counts, fence.leases the time left
 --    (expires_in).
 
+-- And fewer steps on the accepted paths (issue 20; figures in
+-- docs/benchmarks.md):
+--
+-- 7. The table-wide guard does less per row (fence._guard_source): the
+--    token read inline, one fast query after the gate, everything else in
+--    fence._guard_slow. Under READ COMMITTED its read comes after the gate,
+--    so a version that someone only locked (a REPEATABLE READ writer, a
+--    large per-row statement) no longer sends every later write to the slow
+--    path.
+-- 8. fence.check and fence.use_token have the same fast path (fence._check
+--    is the full check, as fence.check was).
+-- 9. The grant's durability trigger runs with the caller's rights and no
+--    settings of its own (fence._durable).
+
 -- ---------------------------------------------------------------------------
 -- Sequences
 -- ---------------------------------------------------------------------------
@@ -70,8 +84,11 @@ BEGIN
 END
 $$;
 
--- As in 003, each refusal through fence._refuse.
-CREATE OR REPLACE FUNCTION fence.check(resource text, token bigint) RETURNS void
+-- The full check, as fence.check was up to 007 (the argument errors, the
+-- gate waited for, the row read under READ COMMITTED or locked FOR KEY
+-- SHARE otherwise, the refusals, now counted). Internal: fence.check and
+-- fence.use_token call it when their fast path does not apply.
+CREATE FUNCTION fence._check(resource text, token bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -108,6 +125,70 @@ BEGIN
         PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: it was never granted', token, resource),
             format('resource=%s token=%s latest=%s', resource, token, latest), 'use the token that fence.acquire returned for this resource');
     END IF;
+END
+$$;
+
+-- As in 003, with a fast path: the gate tried, then the lease row read by a
+-- query of its own, accepted when the token matches and, under REPEATABLE
+-- READ or SERIALIZABLE, the version has xmax 0 (the argument of the
+-- guards' fast path, fence._guard_source). Everything else, fence._check.
+CREATE OR REPLACE FUNCTION fence.check(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    ok boolean;
+BEGIN
+    IF pg_try_advisory_xact_lock_shared(fence._gate_key(resource)) THEN
+        SELECT x.token = token AND (x.xmax = '0'::xid OR current_setting('transaction_isolation') = 'read committed')
+          INTO ok FROM fence.lease x WHERE x.resource = resource;
+    END IF;
+    IF ok IS NOT TRUE THEN
+        PERFORM fence._check(resource, token);
+    END IF;
+END
+$$;
+
+-- As in 003, with fence.check's fast path inline (one SECURITY DEFINER
+-- call, not two), then the token registered in the transaction's
+-- fence.tokens.
+CREATE OR REPLACE FUNCTION fence.use_token(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    ok  boolean;
+    reg text;
+BEGIN
+    IF pg_try_advisory_xact_lock_shared(fence._gate_key(resource)) THEN
+        SELECT x.token = token AND (x.xmax = '0'::xid OR current_setting('transaction_isolation') = 'read committed')
+          INTO ok FROM fence.lease x WHERE x.resource = resource;
+    END IF;
+    IF ok IS NOT TRUE THEN
+        PERFORM fence._check(resource, token);
+    END IF;
+    reg := set_config('fence.tokens',
+        jsonb_set(coalesce(nullif(current_setting('fence.tokens', true), '')::jsonb, '{}'::jsonb), ARRAY[resource], to_jsonb(token))::text, true);
+END
+$$;
+
+-- The grant's durability trigger, as in 003 but with the caller's rights
+-- and no settings of its own: it only turns synchronous_commit on for the
+-- transaction (any role may), with fence._force_durable's expression inline
+-- and every name and operator qualified, so SECURITY DEFINER and its pinned
+-- search_path bought nothing but a context switch per grant. (A deferred
+-- trigger runs as whoever commits; it names nothing in schema fence.)
+CREATE OR REPLACE FUNCTION fence._durable() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+DECLARE
+    durable pg_catalog.text;
+BEGIN
+    durable := CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off'
+                    THEN pg_catalog.set_config('synchronous_commit', 'on', true) END;
+    RETURN NULL;
 END
 $$;
 
@@ -622,99 +703,130 @@ $$;
 -- Guards
 -- ---------------------------------------------------------------------------
 
--- As in 007, with two changes: the mark trigger leaves a foreign-key
--- action's assignment of the row's own value unmarked (no presentation),
--- and a refusal is counted (fence._refuse). docs/design.md, "Fail closed".
+-- What a table-wide guard does when its fast path does not apply: the
+-- acting role's usage (when current_user is another role), the token
+-- fence.use_token registered (FN002 when none), the full check (the gate
+-- waited for, the row locked under REPEATABLE READ, the error worded), and
+-- an UPDATE that would lower the token column (FN001). Returns the token
+-- the write presents. Invoker: it runs with the writer's rights.
+CREATE FUNCTION fence._guard_slow(res text, tok bigint, row_token bigint, op text, rel oid) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+        PERFORM fence._acting_role_check(rel);
+    END IF;
+    IF tok IS NULL THEN
+        tok := fence._registered_token(res, op, rel);
+    END IF;
+    PERFORM fence.check(res, tok);
+    IF op OPERATOR(pg_catalog.=) 'UPDATE' AND row_token OPERATOR(pg_catalog.>) tok THEN
+        PERFORM fence._refuse('FN001',
+            pg_catalog.format('pgfence: stale fencing token %s for resource %s: the row already carries token %s', tok, res, row_token),
+            pg_catalog.format('resource=%s token=%s row_token=%s', res, tok, row_token),
+            'an update may never lower the token column; acquire the lease again and use the new token');
+    END IF;
+    RETURN tok;
+END
+$$;
+
+-- The table-wide guards (docs/design.md, "Fail closed", "Linearizable
+-- fencing"), rebuilt for fewer steps per row: one format() with %1$I for the
+-- column, as in 007.
+--
+-- The mark trigger (UPDATE OF the column) negates an assigned token, so
+-- that the row guard after it can tell it from a carried one; a foreign-key
+-- action that assigns the row's own value (ON UPDATE CASCADE of a key that
+-- includes the column, when only the referenced key changed) runs inside
+-- another trigger (pg_trigger_depth() > 1) and is left unmarked: the writer
+-- named no token, and the row guard asks for a registered one.
+--
+-- The row guard's fast path: the gate tried, then the lease row read by a
+-- query of its own. Under READ COMMITTED that query's snapshot is taken
+-- after the gate is held, so it sees every grant that committed before (a
+-- grant takes the gate before it changes the row), and none can commit
+-- until this transaction ends: a matching token is the latest. Under
+-- REPEATABLE READ or SERIALIZABLE the snapshot may be older: a version
+-- nobody updated or locked since it was written (xmax 0), read under the
+-- gate, is the latest. Everything else, and every refusal, goes to
+-- fence._guard_slow.
 CREATE OR REPLACE FUNCTION fence._guard_source(col name) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $f$
     SELECT pg_catalog.format(pg_catalog.concat(
 $s$
 DECLARE
-    res    pg_catalog.text := TG_ARGV[0];
-    tok    pg_catalog.int8;
-    ok     pg_catalog.bool;
-    reg    pg_catalog.text;
+    res pg_catalog.text := TG_ARGV[0];
+    tok pg_catalog.int8;
+    ok  pg_catalog.bool;
 BEGIN
 $s$,
-        CASE WHEN col IS NOT NULL THEN 
+        CASE WHEN col IS NOT NULL THEN
 $s$
     IF TG_NAME OPERATOR(pg_catalog.=) '~fence_guard_0_mark' THEN
-        -- A foreign-key action assigns every column of its key, this one
-        -- with the row's own value when only the referenced key changed:
-        -- not a presentation (the writer named no token). Left unmarked,
-        -- the row guard asks for a registered token.
-        IF NEW.%1$I OPERATOR(pg_catalog.=) OLD.%1$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
-            RETURN NEW;
-        END IF;
-        IF NEW.%1$I OPERATOR(pg_catalog.<=) 0 THEN
+        IF NEW.%1$I OPERATOR(pg_catalog.>) 0
+           AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I OR pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.=) 1) THEN
+            NEW.%1$I := OPERATOR(pg_catalog.-) NEW.%1$I;
+        ELSIF NEW.%1$I OPERATOR(pg_catalog.<=) 0 THEN
             PERFORM fence.check(res, NEW.%1$I);
         END IF;
-        NEW.%1$I := OPERATOR(pg_catalog.-) NEW.%1$I;
         RETURN NEW;
     END IF;
-    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        IF NEW.%1$I OPERATOR(pg_catalog.<) 0 AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I) THEN
+            tok := OPERATOR(pg_catalog.-) NEW.%1$I;
+        END IF;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         tok := NEW.%1$I;
-    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND NEW.%1$I OPERATOR(pg_catalog.<) 0
-          AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I) THEN
-        tok := OPERATOR(pg_catalog.-) NEW.%1$I;
     END IF;
+    IF tok IS NULL THEN
+        tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    END IF;
+$s$
+        ELSE
+$s$
+    tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
 $s$
         END,
 $s$
-    IF CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-        PERFORM fence._acting_role_check(TG_RELID);
-    END IF;
-    IF tok IS NULL THEN
-        -- the token fence.use_token registered (read here, not through
-        -- fence._registered_token, which raises FN002 when there is none)
-        reg := pg_catalog.current_setting('fence.tokens', true);
-        IF reg OPERATOR(pg_catalog.<>) '' THEN
-            tok := (reg::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::bigint;
-        END IF;
-        IF tok IS NULL THEN
-            tok := fence._registered_token(res, TG_OP, TG_RELID);
-        END IF;
+    IF pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res)) THEN
+        SELECT x.token OPERATOR(pg_catalog.=) tok
+               AND (x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+                    OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed')
+               AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
+          INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
     END IF;
 $s$,
+        CASE WHEN col IS NOT NULL THEN
 $s$
-    -- One query: the gate, tried, then the row as this statement's snapshot
-    -- sees it. A version nobody updated or locked since it was written
-    -- (xmax 0), read while we hold the gate, is the latest one at any
-    -- isolation level, and stays so until we end: a grant takes the gate
-    -- before it locks the row, and one that committed after our snapshot
-    -- left its xmax on the version we see. Anything else, fence.check
-    -- (it waits for the gate, locks the row under REPEATABLE READ, and
-    -- words the error). docs/design.md, "Linearizable fencing".
-    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res))
-           AND x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid AND x.token OPERATOR(pg_catalog.=) tok
-      INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
-    IF ok IS NOT TRUE THEN
-        PERFORM fence.check(res, tok);
+    IF ok IS NOT TRUE OR (TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND OLD.%1$I OPERATOR(pg_catalog.>) tok) THEN
+        tok := fence._guard_slow(res, tok, OLD.%1$I, TG_OP, TG_RELID);
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         RETURN OLD;
     END IF;
-$s$,
-        CASE WHEN col IS NOT NULL THEN 
-$s$
-    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND OLD.%1$I OPERATOR(pg_catalog.>) tok THEN
-        PERFORM fence._refuse('FN001',
-            pg_catalog.format('pgfence: stale fencing token %%s for resource %%s: the row already carries token %%s', tok, res, OLD.%1$I),
-            pg_catalog.format('resource=%%s token=%%s row_token=%%s', res, tok, OLD.%1$I),
-            'an update may never lower the token column; acquire the lease again and use the new token');
-    END IF;
     NEW.%1$I := tok;
-$s$
-        END,
-$s$
     RETURN NEW;
 END
-$s$), col)
+$s$
+        ELSE
+$s$
+    IF ok IS NOT TRUE THEN
+        PERFORM fence._guard_slow(res, tok, NULL, TG_OP, TG_RELID);
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END
+$s$
+        END), col)
 $f$;
 
-
--- As in 007, with the same two changes.
+-- As in 007, with two changes: the mark trigger leaves a foreign-key
+-- action's assignment of the row's own value unmarked (no presentation, as
+-- in fence._guard_source), and a refusal is counted (fence._refuse, through
+-- fence._registered_token and fence._check_many).
 CREATE OR REPLACE FUNCTION fence._rows_source(rcol name, tcol name) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $f$
@@ -913,7 +1025,7 @@ BEGIN
         fence._registered_token(text, text, oid), fence._check_many(text[], bigint[], text, oid),
         fence._check_name(text, text), fence._lease_key(text, bigint), fence._gate_key(text), fence._trigger_arg(bytea, integer),
         fence._guard_function(regclass, name), fence._rows_function(regclass, name, name),
-        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
+        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
         fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
         fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
@@ -935,6 +1047,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT 8 $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fence FROM PUBLIC;
--- Roles granted usage before this migration get what is new: fence.refusals
--- and fence._refuse.
+-- Roles granted usage before this migration get what is new: fence.refusals,
+-- fence._refuse and fence._guard_slow.
 SELECT fence._regrant_usage();

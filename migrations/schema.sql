@@ -126,6 +126,48 @@ AS $function$
            THEN c.base OPERATOR(pg_catalog.+) c.timeline END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._check(resource text, token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    latest bigint;
+BEGIN
+    IF (fence._name_ok(resource) AND token > 0) IS NOT TRUE THEN
+        PERFORM fence._check_name('resource', resource);
+        IF token IS NULL THEN
+            PERFORM fence._refuse('FN002', format('pgfence: no fencing token presented for resource %s', resource),
+                format('resource=%s token=NULL', resource), 'pass the token that fence.acquire returned');
+        END IF;
+        PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: tokens are positive', token, resource),
+            format('resource=%s token=%s', resource, token), 'pass the token that fence.acquire returned for this resource');
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource;
+    ELSE
+        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
+    END IF;
+    IF latest = token THEN
+        RETURN;
+    END IF;
+    IF latest IS NULL THEN
+        PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: it has never been granted', token, resource),
+            format('resource=%s token=%s latest=none', resource, token), 'acquire a lease on this resource first and use the token it returns');
+    ELSIF token < latest THEN
+        PERFORM fence._refuse('FN001', format('pgfence: stale fencing token %s for resource %s: a newer lease (token %s) was granted', token, resource, latest),
+            format('resource=%s token=%s latest=%s', resource, token, latest),
+            'this holder lost the lease: stop writing, acquire the lease again and redo the work under the new token');
+    ELSE
+        PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: it was never granted', token, resource),
+            format('resource=%s token=%s latest=%s', resource, token, latest), 'use the token that fence.acquire returned for this resource');
+    END IF;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION fence._check_many(res text[], tok bigint[], op text, rel oid)
  RETURNS void
  LANGUAGE plpgsql
@@ -301,13 +343,12 @@ $function$;
 CREATE OR REPLACE FUNCTION fence._durable()
  RETURNS trigger
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    durable text;
+    durable pg_catalog.text;
 BEGIN
-    durable := fence._force_durable();
+    durable := CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off'
+                    THEN pg_catalog.set_config('synchronous_commit', 'on', true) END;
     RETURN NULL;
 END
 $function$;
@@ -617,6 +658,28 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._guard_slow(res text, tok bigint, row_token bigint, op text, rel oid)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+        PERFORM fence._acting_role_check(rel);
+    END IF;
+    IF tok IS NULL THEN
+        tok := fence._registered_token(res, op, rel);
+    END IF;
+    PERFORM fence.check(res, tok);
+    IF op OPERATOR(pg_catalog.=) 'UPDATE' AND row_token OPERATOR(pg_catalog.>) tok THEN
+        PERFORM fence._refuse('FN001',
+            pg_catalog.format('pgfence: stale fencing token %s for resource %s: the row already carries token %s', tok, res, row_token),
+            pg_catalog.format('resource=%s token=%s row_token=%s', res, tok, row_token),
+            'an update may never lower the token column; acquire the lease again and use the new token');
+    END IF;
+    RETURN tok;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION fence._guard_source(col name)
  RETURNS text
  LANGUAGE sql
@@ -625,86 +688,71 @@ AS $function$
     SELECT pg_catalog.format(pg_catalog.concat(
 $s$
 DECLARE
-    res    pg_catalog.text := TG_ARGV[0];
-    tok    pg_catalog.int8;
-    ok     pg_catalog.bool;
-    reg    pg_catalog.text;
+    res pg_catalog.text := TG_ARGV[0];
+    tok pg_catalog.int8;
+    ok  pg_catalog.bool;
 BEGIN
 $s$,
-        CASE WHEN col IS NOT NULL THEN 
+        CASE WHEN col IS NOT NULL THEN
 $s$
     IF TG_NAME OPERATOR(pg_catalog.=) '~fence_guard_0_mark' THEN
-        -- A foreign-key action assigns every column of its key, this one
-        -- with the row's own value when only the referenced key changed:
-        -- not a presentation (the writer named no token). Left unmarked,
-        -- the row guard asks for a registered token.
-        IF NEW.%1$I OPERATOR(pg_catalog.=) OLD.%1$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
-            RETURN NEW;
-        END IF;
-        IF NEW.%1$I OPERATOR(pg_catalog.<=) 0 THEN
+        IF NEW.%1$I OPERATOR(pg_catalog.>) 0
+           AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I OR pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.=) 1) THEN
+            NEW.%1$I := OPERATOR(pg_catalog.-) NEW.%1$I;
+        ELSIF NEW.%1$I OPERATOR(pg_catalog.<=) 0 THEN
             PERFORM fence.check(res, NEW.%1$I);
         END IF;
-        NEW.%1$I := OPERATOR(pg_catalog.-) NEW.%1$I;
         RETURN NEW;
     END IF;
-    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        IF NEW.%1$I OPERATOR(pg_catalog.<) 0 AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I) THEN
+            tok := OPERATOR(pg_catalog.-) NEW.%1$I;
+        END IF;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         tok := NEW.%1$I;
-    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND NEW.%1$I OPERATOR(pg_catalog.<) 0
-          AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I) THEN
-        tok := OPERATOR(pg_catalog.-) NEW.%1$I;
     END IF;
+    IF tok IS NULL THEN
+        tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    END IF;
+$s$
+        ELSE
+$s$
+    tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
 $s$
         END,
 $s$
-    IF CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-        PERFORM fence._acting_role_check(TG_RELID);
-    END IF;
-    IF tok IS NULL THEN
-        -- the token fence.use_token registered (read here, not through
-        -- fence._registered_token, which raises FN002 when there is none)
-        reg := pg_catalog.current_setting('fence.tokens', true);
-        IF reg OPERATOR(pg_catalog.<>) '' THEN
-            tok := (reg::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::bigint;
-        END IF;
-        IF tok IS NULL THEN
-            tok := fence._registered_token(res, TG_OP, TG_RELID);
-        END IF;
+    IF pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res)) THEN
+        SELECT x.token OPERATOR(pg_catalog.=) tok
+               AND (x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+                    OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed')
+               AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
+          INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
     END IF;
 $s$,
+        CASE WHEN col IS NOT NULL THEN
 $s$
-    -- One query: the gate, tried, then the row as this statement's snapshot
-    -- sees it. A version nobody updated or locked since it was written
-    -- (xmax 0), read while we hold the gate, is the latest one at any
-    -- isolation level, and stays so until we end: a grant takes the gate
-    -- before it locks the row, and one that committed after our snapshot
-    -- left its xmax on the version we see. Anything else, fence.check
-    -- (it waits for the gate, locks the row under REPEATABLE READ, and
-    -- words the error). docs/design.md, "Linearizable fencing".
-    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res))
-           AND x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid AND x.token OPERATOR(pg_catalog.=) tok
-      INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
-    IF ok IS NOT TRUE THEN
-        PERFORM fence.check(res, tok);
+    IF ok IS NOT TRUE OR (TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND OLD.%1$I OPERATOR(pg_catalog.>) tok) THEN
+        tok := fence._guard_slow(res, tok, OLD.%1$I, TG_OP, TG_RELID);
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         RETURN OLD;
     END IF;
-$s$,
-        CASE WHEN col IS NOT NULL THEN 
-$s$
-    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND OLD.%1$I OPERATOR(pg_catalog.>) tok THEN
-        PERFORM fence._refuse('FN001',
-            pg_catalog.format('pgfence: stale fencing token %%s for resource %%s: the row already carries token %%s', tok, res, OLD.%1$I),
-            pg_catalog.format('resource=%%s token=%%s row_token=%%s', res, tok, OLD.%1$I),
-            'an update may never lower the token column; acquire the lease again and use the new token');
-    END IF;
     NEW.%1$I := tok;
-$s$
-        END,
-$s$
     RETURN NEW;
 END
-$s$), col)
+$s$
+        ELSE
+$s$
+    IF ok IS NOT TRUE THEN
+        PERFORM fence._guard_slow(res, tok, NULL, TG_OP, TG_RELID);
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END
+$s$
+        END), col)
 $function$;
 
 CREATE OR REPLACE FUNCTION fence._guard_stmt()
@@ -738,45 +786,27 @@ CREATE OR REPLACE FUNCTION fence._guard_use_token()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    res    pg_catalog.text := TG_ARGV[0];
-    tok    pg_catalog.int8;
-    ok     pg_catalog.bool;
-    reg    pg_catalog.text;
+    res pg_catalog.text := TG_ARGV[0];
+    tok pg_catalog.int8;
+    ok  pg_catalog.bool;
 BEGIN
 
-    IF CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-        PERFORM fence._acting_role_check(TG_RELID);
-    END IF;
-    IF tok IS NULL THEN
-        -- the token fence.use_token registered (read here, not through
-        -- fence._registered_token, which raises FN002 when there is none)
-        reg := pg_catalog.current_setting('fence.tokens', true);
-        IF reg OPERATOR(pg_catalog.<>) '' THEN
-            tok := (reg::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::bigint;
-        END IF;
-        IF tok IS NULL THEN
-            tok := fence._registered_token(res, TG_OP, TG_RELID);
-        END IF;
+    tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+
+    IF pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res)) THEN
+        SELECT x.token OPERATOR(pg_catalog.=) tok
+               AND (x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+                    OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed')
+               AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
+          INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
     END IF;
 
-    -- One query: the gate, tried, then the row as this statement's snapshot
-    -- sees it. A version nobody updated or locked since it was written
-    -- (xmax 0), read while we hold the gate, is the latest one at any
-    -- isolation level, and stays so until we end: a grant takes the gate
-    -- before it locks the row, and one that committed after our snapshot
-    -- left its xmax on the version we see. Anything else, fence.check
-    -- (it waits for the gate, locks the row under REPEATABLE READ, and
-    -- words the error). docs/design.md, "Linearizable fencing".
-    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res))
-           AND x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid AND x.token OPERATOR(pg_catalog.=) tok
-      INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
     IF ok IS NOT TRUE THEN
-        PERFORM fence.check(res, tok);
+        PERFORM fence._guard_slow(res, tok, NULL, TG_OP, TG_RELID);
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         RETURN OLD;
     END IF;
-
     RETURN NEW;
 END
 $function$;
@@ -1416,36 +1446,14 @@ CREATE OR REPLACE FUNCTION fence."check"(resource text, token bigint)
 AS $function$
 #variable_conflict use_variable
 DECLARE
-    latest bigint;
+    ok boolean;
 BEGIN
-    IF (fence._name_ok(resource) AND token > 0) IS NOT TRUE THEN
-        PERFORM fence._check_name('resource', resource);
-        IF token IS NULL THEN
-            PERFORM fence._refuse('FN002', format('pgfence: no fencing token presented for resource %s', resource),
-                format('resource=%s token=NULL', resource), 'pass the token that fence.acquire returned');
-        END IF;
-        PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: tokens are positive', token, resource),
-            format('resource=%s token=%s', resource, token), 'pass the token that fence.acquire returned for this resource');
+    IF pg_try_advisory_xact_lock_shared(fence._gate_key(resource)) THEN
+        SELECT x.token = token AND (x.xmax = '0'::xid OR current_setting('transaction_isolation') = 'read committed')
+          INTO ok FROM fence.lease x WHERE x.resource = resource;
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
-    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
-        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource;
-    ELSE
-        SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;
-    END IF;
-    IF latest = token THEN
-        RETURN;
-    END IF;
-    IF latest IS NULL THEN
-        PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: it has never been granted', token, resource),
-            format('resource=%s token=%s latest=none', resource, token), 'acquire a lease on this resource first and use the token it returns');
-    ELSIF token < latest THEN
-        PERFORM fence._refuse('FN001', format('pgfence: stale fencing token %s for resource %s: a newer lease (token %s) was granted', token, resource, latest),
-            format('resource=%s token=%s latest=%s', resource, token, latest),
-            'this holder lost the lease: stop writing, acquire the lease again and redo the work under the new token');
-    ELSE
-        PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: it was never granted', token, resource),
-            format('resource=%s token=%s latest=%s', resource, token, latest), 'use the token that fence.acquire returned for this resource');
+    IF ok IS NOT TRUE THEN
+        PERFORM fence._check(resource, token);
     END IF;
 END
 $function$;
@@ -1502,7 +1510,7 @@ BEGIN
         fence._registered_token(text, text, oid), fence._check_many(text[], bigint[], text, oid),
         fence._check_name(text, text), fence._lease_key(text, bigint), fence._gate_key(text), fence._trigger_arg(bytea, integer),
         fence._guard_function(regclass, name), fence._rows_function(regclass, name, name),
-        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
+        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
         fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
         fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
@@ -1805,12 +1813,18 @@ CREATE OR REPLACE FUNCTION fence.use_token(resource text, token bigint)
 AS $function$
 #variable_conflict use_variable
 DECLARE
-    m jsonb;
+    ok  boolean;
+    reg text;
 BEGIN
-    PERFORM fence.check(resource, token);
-    m := coalesce(nullif(pg_catalog.current_setting('fence.tokens', true), '')::jsonb, '{}'::jsonb);
-    PERFORM pg_catalog.set_config('fence.tokens',
-        pg_catalog.jsonb_set(m, ARRAY[resource], pg_catalog.to_jsonb(token))::text, true);
+    IF pg_try_advisory_xact_lock_shared(fence._gate_key(resource)) THEN
+        SELECT x.token = token AND (x.xmax = '0'::xid OR current_setting('transaction_isolation') = 'read committed')
+          INTO ok FROM fence.lease x WHERE x.resource = resource;
+    END IF;
+    IF ok IS NOT TRUE THEN
+        PERFORM fence._check(resource, token);
+    END IF;
+    reg := set_config('fence.tokens',
+        jsonb_set(coalesce(nullif(current_setting('fence.tokens', true), '')::jsonb, '{}'::jsonb), ARRAY[resource], to_jsonb(token))::text, true);
 END
 $function$;
 COMMENT ON FUNCTION fence.use_token(text,bigint) IS 'fence.check, then remembers the token for the rest of the transaction for guarded tables without a token column';

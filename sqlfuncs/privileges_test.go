@@ -306,7 +306,8 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		   AND p.oid NOT IN ('fence._guard_function(regclass, name)'::regprocedure, 'fence._token_floor()'::regprocedure,
 		                     'fence._raise_floor(bigint)'::regprocedure, 'fence._rows_function(regclass, name, name)'::regprocedure,
 		                     'fence._check_many(text[], bigint[], text, oid)'::regprocedure,
-		                     'fence._durable()'::regprocedure, 'fence._refuse(text, text, text, text)'::regprocedure)`)
+		                     'fence._durable()'::regprocedure, 'fence._refuse(text, text, text, text)'::regprocedure,
+		                     'fence._check(text, bigint)'::regprocedure)`)
 	require.NoError(t, err)
 	definers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

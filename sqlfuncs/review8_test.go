@@ -130,6 +130,10 @@ func TestTemporaryTableMakesTheKitCreateFunctions(t *testing.T) {
 	ctx := b.ctx
 	app := pgtest.NewRole(t, "tmpapp")
 	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
+	// PostgreSQL 14 and earlier grant CREATE on schema public to PUBLIC;
+	// take it away so that the role has CREATE nowhere, as on 15 and later.
+	_, err := b.db.Pool.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`)
+	require.NoError(t, err)
 	c := roleConn(t, b, app)
 	var createAnywhere bool
 	require.NoError(t, c.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace n
@@ -142,7 +146,7 @@ func TestTemporaryTableMakesTheKitCreateFunctions(t *testing.T) {
 		return n
 	}
 	before := count()
-	_, err := c.Exec(ctx, `CREATE TEMP TABLE scratch (x int)`)
+	_, err = c.Exec(ctx, `CREATE TEMP TABLE scratch (x int)`)
 	require.NoError(t, err, "TEMP is PUBLIC's")
 	_, gErr := c.Exec(ctx, `SELECT fence._guard_function('pg_temp.scratch', 'no such column ' || g) FROM generate_series(1, 20) g`)
 	_, rErr := c.Exec(ctx, `SELECT fence._rows_function('pg_temp.scratch', 'no such column ' || g, NULL) FROM generate_series(1, 20) g`)
