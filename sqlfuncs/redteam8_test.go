@@ -264,7 +264,7 @@ func TestRedteam8RowMovedIntoAProtectedPartition(t *testing.T) {
 }
 
 // TestRedteam8GuardOperatorFromTheCallersSearchPath: the table-wide guard
-// reads fence.tokens with NULLIF(current_setting(...), ''), new in 008.
+// reads fence.tokens with NULLIF(current_setting(...), ”), new in 008.
 // NULLIF compares with the operator "=" that the caller's search_path
 // finds: a schema named before pg_catalog wins. The guard runs with the
 // writer's search_path and as whoever current_user is, and a foreign-key
@@ -385,4 +385,322 @@ $$`,
 		}
 		requireOneOf(t, err, "42501")
 	})
+}
+
+// rt8Story is the story of the refused attempts: A held t1 (table-wide
+// resource rtr: rt_cols with token column tok, rt_plain through
+// fence.use_token) and j1 (per-row resource rtr:1 of rt_rows); both were
+// revoked, B holds t2 and j2 and wrote row 1 of every table. N has no usage.
+type rt8Story struct {
+	b              *bundle
+	a, n           *pgx.Conn
+	aRole, nRole   string
+	t1, t2, j1, j2 int64
+}
+
+// sql fills in the story's tokens ({t1}, {t2}, {j1}, {j2}).
+func (f *rt8Story) sql(s string) string {
+	return strings.NewReplacer("{t1}", fmt.Sprint(f.t1), "{t2}", fmt.Sprint(f.t2), "{j1}", fmt.Sprint(f.j1), "{j2}", fmt.Sprint(f.j2)).Replace(s)
+}
+
+// rows is every row of the three tables, to compare before and after.
+func (f *rt8Story) rows(t *testing.T) string {
+	t.Helper()
+	var s string
+	require.NoError(t, f.b.db.Pool.QueryRow(f.b.ctx, `SELECT concat_ws(' | ',
+		(SELECT string_agg(format('%s:%s:%s', id, tok, val), ',' ORDER BY id) FROM rt_cols),
+		(SELECT string_agg(format('%s:%s', id, val), ',' ORDER BY id) FROM rt_plain),
+		(SELECT string_agg(format('%s:%s:%s:%s', id, job, tok, val), ',' ORDER BY id) FROM rt_rows))`).Scan(&s))
+	return s
+}
+
+func newRT8Story(t *testing.T) *rt8Story {
+	t.Helper()
+	b := setup(t)
+	ctx := b.ctx
+	f := &rt8Story{b: b, aRole: pgtest.NewRole(t, "rta"), nRole: pgtest.NewRole(t, "rtn")}
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, f.aRole, false))
+	both := pgx.Identifier{f.aRole}.Sanitize() + ", " + pgx.Identifier{f.nRole}.Sanitize()
+	for _, s := range []string{
+		`CREATE TABLE rt_cols (id int PRIMARY KEY, tok bigint, val text)`,
+		`CREATE TABLE rt_plain (id int PRIMARY KEY, val text)`,
+		`CREATE TABLE rt_rows (id int PRIMARY KEY, job int NOT NULL, tok bigint, val text)`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON rt_cols, rt_plain, rt_rows TO ` + both,
+	} {
+		b.exec(t, s)
+	}
+	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "rt_cols", "rtr", "tok"))
+	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "rt_plain", "rtr", ""))
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, b.db.Pool, "rt_rows", "job", "rtr:", "tok"))
+	f.a, f.n = roleConn(t, b, f.aRole), roleConn(t, b, f.nRole)
+	f.t1 = acquireWhenFree(t, ctx, f.a, "rtr", "A", time.Hour)
+	f.j1 = acquireWhenFree(t, ctx, f.a, "rtr:1", "A", time.Hour)
+	for _, r := range []string{"rtr", "rtr:1"} {
+		_, err := sqlfuncs.Revoke(ctx, b.db.Pool, r)
+		require.NoError(t, err)
+	}
+	f.t2 = acquireWhenFree(t, ctx, b.db.Pool, "rtr", "B", time.Hour)
+	f.j2 = acquireWhenFree(t, ctx, b.db.Pool, "rtr:1", "B", time.Hour)
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		if err := sqlfuncs.UseToken(ctx, tx, "rtr", f.t2); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, f.sql(`INSERT INTO rt_cols VALUES (1, {t2}, 'B'); INSERT INTO rt_plain VALUES (1, 'B'); INSERT INTO rt_rows VALUES (1, 1, {j2}, 'B')`))
+		return err
+	}))
+	// The lease rows as autovacuum leaves them in time (no locker in
+	// xmax), so that snapshot writers meet the fast path too.
+	b.exec(t, `VACUUM (FREEZE) fence.lease`)
+	return f
+}
+
+// TestRedteam8RefusedAttempts: what the review tried against the fast
+// paths and the kit refused, at every isolation level: token values the
+// mark trigger must not take for an assignment, forged settings, writes
+// from the caller's own triggers, cursors and deferred triggers at COMMIT,
+// upserts and MERGE carrying the row's token, and a role without usage
+// through SECURITY DEFINER code of a role with usage and through views.
+func TestRedteam8RefusedAttempts(t *testing.T) {
+	t.Parallel()
+	f := newRT8Story(t)
+	ctx := f.b.ctx
+	ver := serverVersion(t, ctx, f.b.db.Pool)
+	before := f.rows(t)
+
+	// A's own objects: a temporary table whose trigger rewrites B's row
+	// with the token it carries (a depth-2 assignment), one whose deferred
+	// trigger writes at COMMIT, and a function a cursor calls.
+	for _, s := range []string{
+		`CREATE FUNCTION pg_temp.touch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE public.rt_cols SET tok = tok, val = 'A' WHERE id = 1;
+    UPDATE public.rt_rows SET tok = tok, val = 'A' WHERE id = 1;
+    RETURN NULL;
+END
+$$`,
+		`CREATE TEMP TABLE q (x int)`,
+		`CREATE TRIGGER q_touch AFTER INSERT ON pg_temp.q FOR EACH ROW EXECUTE FUNCTION pg_temp.touch()`,
+		f.sql(`CREATE FUNCTION pg_temp.late() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.rt_cols VALUES (3, {t1}, 'A at commit');
+    RETURN NULL;
+END
+$$`),
+		`CREATE TEMP TABLE dq (x int)`,
+		`CREATE CONSTRAINT TRIGGER dq_late AFTER INSERT ON pg_temp.dq DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.late()`,
+		`CREATE FUNCTION pg_temp.w(t bigint) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.rt_cols VALUES (4, t, 'A in a held cursor');
+    RETURN 1;
+END
+$$`,
+	} {
+		_, err := f.a.Exec(ctx, s)
+		require.NoError(t, err, s)
+	}
+	// A role with usage whose SECURITY DEFINER function and views N uses.
+	o2 := pgtest.NewRole(t, "rto2")
+	o2ID, nID := pgx.Identifier{o2}.Sanitize(), pgx.Identifier{f.nRole}.Sanitize()
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, f.b.db.Pool, o2, false))
+	f.b.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON rt_cols, rt_plain, rt_rows TO `+o2ID)
+	f.b.exec(t, `CREATE FUNCTION public.rt_sd(t bigint) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+    UPDATE public.rt_cols SET tok = t, val = 'N through SECURITY DEFINER' WHERE id = 1;
+END
+$$`)
+	f.b.exec(t, `CREATE VIEW public.rt_v AS SELECT * FROM public.rt_cols`)
+	views := []string{"rt_v"}
+	if ver >= 150000 {
+		f.b.exec(t, `CREATE VIEW public.rt_vi WITH (security_invoker = true) AS SELECT * FROM public.rt_cols`)
+		views = append(views, "rt_vi")
+	}
+	for _, s := range []string{
+		`ALTER FUNCTION public.rt_sd(bigint) OWNER TO ` + o2ID,
+		`REVOKE ALL ON FUNCTION public.rt_sd(bigint) FROM PUBLIC`,
+		`GRANT EXECUTE ON FUNCTION public.rt_sd(bigint) TO ` + nID,
+	} {
+		f.b.exec(t, s)
+	}
+	for _, v := range views {
+		f.b.exec(t, `ALTER VIEW public.`+v+` OWNER TO `+o2ID)
+		f.b.exec(t, `GRANT SELECT, UPDATE ON public.`+v+` TO `+nID)
+	}
+
+	reg := func(js string) []string {
+		return []string{f.sql(`SELECT set_config('fence.tokens', '` + js + `', true)`)}
+	}
+	for _, tc := range []struct {
+		name   string
+		noUse  bool
+		pre    []string
+		sql    string
+		code   string
+		min    int
+		commit bool // the refusal comes at COMMIT
+	}{
+		{name: "token column set to minus the latest token", sql: `UPDATE rt_cols SET tok = -{t2}, val = 'A' WHERE id = 1`, code: "FN003"},
+		{name: "token column set to zero", sql: `UPDATE rt_cols SET tok = 0, val = 'A' WHERE id = 1`, code: "FN003"},
+		{name: "INSERT of minus the latest token", sql: `INSERT INTO rt_cols VALUES (2, -{t2}, 'A')`, code: "FN003"},
+		{name: "per-row: token column set to minus the latest token", sql: `UPDATE rt_rows SET tok = -{j2}, val = 'A' WHERE id = 1`, code: "FN003"},
+		{name: "per-row: INSERT of token zero", sql: `INSERT INTO rt_rows VALUES (2, 1, 0, 'A')`, code: "FN003"},
+		{name: "UPDATE of other columns (the row carries the latest token)", sql: `UPDATE rt_cols SET val = 'A' WHERE id = 1`, code: "FN002"},
+		{name: "upsert whose DO UPDATE assigns no token", sql: `INSERT INTO rt_cols VALUES (1, NULL, 'A') ON CONFLICT (id) DO UPDATE SET val = 'A'`, code: "FN002"},
+		{name: "MERGE that assigns no token", sql: `MERGE INTO rt_cols t USING (VALUES (1)) s(id) ON t.id = s.id WHEN MATCHED THEN UPDATE SET val = 'A'`, code: "FN002", min: 150000},
+		{name: "stale token in fence.tokens by set_config", pre: reg(`{"rtr": {t1}}`), sql: `UPDATE rt_plain SET val = 'A'`, code: "FN001"},
+		{name: "fence.tokens with the key twice, the stale one last", pre: reg(`{"rtr": {t2}, "rtr": {t1}}`), sql: `UPDATE rt_plain SET val = 'A'`, code: "FN001"},
+		{name: "fence.tokens with the stale token as a string", pre: reg(`{"rtr": "{t1}"}`), sql: `DELETE FROM rt_plain`, code: "FN001"},
+		{name: "fence.tokens set for the session", pre: []string{f.sql(`SELECT set_config('fence.tokens', '{"rtr": {t1}}', false)`)}, sql: `DELETE FROM rt_cols`, code: "FN001"},
+		{name: "per-row: forged fence._gates", pre: append(reg(`{"rtr:1": {j1}}`), `SELECT set_config('fence._gates', '-1', true)`), sql: `UPDATE rt_rows SET val = 'A'`, code: "FN001"},
+		{name: "registration rolled back with its savepoint", pre: append(append([]string{`SAVEPOINT s`}, reg(`{"rtr": {t2}}`)...), `ROLLBACK TO SAVEPOINT s`), sql: `UPDATE rt_plain SET val = 'A'`, code: "FN002"},
+		{name: "SET tok = tok from A's own trigger (depth 2)", sql: `INSERT INTO pg_temp.q VALUES (1)`, code: "FN002"},
+		{name: "deferred trigger writing under t1 at COMMIT", sql: `INSERT INTO pg_temp.dq VALUES (1)`, code: "FN001", commit: true},
+		{name: "WITH HOLD cursor writing under t1 at COMMIT", sql: `DECLARE c CURSOR WITH HOLD FOR SELECT pg_temp.w({t1})`, code: "FN001", commit: true},
+		{name: "without usage: the latest token assigned", noUse: true, sql: `UPDATE rt_cols SET tok = {t2}, val = 'N' WHERE id = 1`, code: "42501"},
+		{name: "without usage: forged settings", noUse: true, pre: []string{f.sql(`SELECT set_config('fence.tokens', '{"rtr": {t2}}', true)`), `SELECT set_config('fence._gates', '64', true)`}, sql: `DELETE FROM rt_plain`, code: "42501"},
+		{name: "without usage: through a SECURITY DEFINER function of a role with usage", noUse: true, sql: `SELECT public.rt_sd({t2})`, code: "42501"},
+		{name: "without usage: through a view of a role with usage", noUse: true, sql: `UPDATE public.rt_v SET tok = {t2}, val = 'N' WHERE id = 1`, code: "42501"},
+		{name: "without usage: through a security_invoker view", noUse: true, sql: `UPDATE public.rt_vi SET tok = {t2}, val = 'N' WHERE id = 1`, code: "42501", min: 150000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if ver < tc.min {
+				t.Skipf("needs server version %d", tc.min)
+			}
+			c := f.a
+			if tc.noUse {
+				c = f.n
+			}
+			pre := make([]string, len(tc.pre))
+			for i, s := range tc.pre {
+				pre[i] = f.sql(s)
+			}
+			for _, iso := range isoLevels {
+				err := attempt(ctx, c, iso, pre, f.sql(tc.sql))
+				if now := f.rows(t); err == nil || now != before {
+					t.Errorf("BYPASS: (%s) %s went through (%v); the rows became %s", iso, tc.name, err, now)
+					return
+				}
+				requireOneOf(t, err, tc.code)
+			}
+			// a session-level registration must not outlive this case
+			_, err := c.Exec(ctx, `SELECT set_config('fence.tokens', '', false)`)
+			require.NoError(t, err)
+		})
+	}
+}
+
+// TestRedteam8LockOnlyXmaxBeforeAGrant: the snapshot fast path trusts a
+// lease row version whose xmax is 0. Other sessions' key-share locks on it
+// (a per-row statement under REPEATABLE READ, one of them from a released
+// savepoint, which makes a MultiXact) fill xmax and commit; then a grant
+// replaces the version. A writer whose snapshot predates the grant, under
+// REPEATABLE READ or SERIALIZABLE, presents the token it saw as the latest:
+// it must fail (40001 or FN001), for both table-wide forms.
+func TestRedteam8LockOnlyXmaxBeforeAGrant(t *testing.T) {
+	t.Parallel()
+	f := newRT8Story(t)
+	ctx := f.b.ctx
+	// a per-row table whose resource is rtr itself (prefix '', column text)
+	f.b.exec(t, `CREATE TABLE rt_keyed (id serial PRIMARY KEY, res text NOT NULL, tok bigint)`)
+	f.b.exec(t, `GRANT SELECT, INSERT ON rt_keyed TO `+pgx.Identifier{f.aRole}.Sanitize())
+	f.b.exec(t, `GRANT USAGE ON SEQUENCE rt_keyed_id_seq TO `+pgx.Identifier{f.aRole}.Sanitize())
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, f.b.db.Pool, "rt_keyed", "res", "", "tok"))
+
+	for _, form := range []struct{ name, pre, sql string }{
+		{"token column", "", `UPDATE rt_cols SET tok = %d, val = 'A' WHERE id = 1`},
+		{"use_token", `SELECT fence.use_token('rtr', %d)`, `UPDATE rt_plain SET val = 'A' WHERE id = 1`},
+	} {
+		for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+			t.Run(form.name+"/"+string(iso), func(t *testing.T) {
+				var latest int64
+				require.NoError(t, f.b.db.Pool.QueryRow(ctx, `SELECT token FROM fence.lease WHERE resource = 'rtr'`).Scan(&latest))
+				f.b.exec(t, `VACUUM (FREEZE) fence.lease`)
+				// the writer's snapshot: latest is the latest grant
+				wc := roleConn(t, f.b, f.aRole)
+				_, err := wc.Exec(ctx, `BEGIN ISOLATION LEVEL `+isoSQL(iso))
+				require.NoError(t, err)
+				defer func() { _, _ = wc.Exec(context.WithoutCancel(ctx), `ROLLBACK`) }()
+				var xmax string
+				require.NoError(t, wc.QueryRow(ctx, `SELECT xmax::text FROM fence.lease WHERE resource = 'rtr'`).Scan(&xmax))
+				require.Equal(t, "0", xmax, "the version the writer sees has no locker: the fast path applies")
+
+				// two lockers, one from a released savepoint, both committed
+				for _, savepoint := range []bool{false, true} {
+					lc := roleConn(t, f.b, f.aRole)
+					stmts := []string{`BEGIN ISOLATION LEVEL REPEATABLE READ`}
+					if savepoint {
+						stmts = append(stmts, `SAVEPOINT s`)
+					}
+					stmts = append(stmts, fmt.Sprintf(`INSERT INTO rt_keyed (res, tok) VALUES ('rtr', %d)`, latest))
+					if savepoint {
+						stmts = append(stmts, `RELEASE SAVEPOINT s`)
+					}
+					stmts = append(stmts, `COMMIT`)
+					for _, s := range stmts {
+						_, err := lc.Exec(ctx, s)
+						require.NoError(t, err, s)
+					}
+				}
+				t2, err := revokeWithin(ctx, f.b.db.Pool, "rtr", "2s")
+				require.NoError(t, err, "the lockers have committed")
+
+				if form.pre != "" {
+					if _, err = wc.Exec(ctx, fmt.Sprintf(form.pre, latest)); err == nil {
+						_, err = wc.Exec(ctx, form.sql)
+					}
+				} else {
+					_, err = wc.Exec(ctx, fmt.Sprintf(form.sql, latest))
+				}
+				if err == nil {
+					_, err = wc.Exec(ctx, `COMMIT`)
+					var val string
+					require.NoError(t, f.b.db.Pool.QueryRow(ctx, `SELECT val FROM rt_cols WHERE id = 1`).Scan(&val))
+					var pval string
+					require.NoError(t, f.b.db.Pool.QueryRow(ctx, `SELECT val FROM rt_plain WHERE id = 1`).Scan(&pval))
+					if val == "A" || pval == "A" {
+						t.Errorf("BYPASS: (%s) a write under token %d (xmax %s in the writer's snapshot) committed after the grant of %d", iso, latest, xmax, t2)
+						return
+					}
+				}
+				requireOneOf(t, err, "40001|FN001")
+			})
+		}
+	}
+}
+
+// TestRedteam8PreparedTransactionKeepsTheGate: in a cluster that allows
+// prepared transactions, a write under t1 that is prepared keeps its gate
+// (PostgreSQL hands a prepared transaction's locks over to it): a grant is
+// busy until COMMIT PREPARED, then goes through. (The failed-cursor trick of
+// TestRedteam8FailedCursorFetchDropsTheGate works before PREPARE as well.)
+func TestRedteam8PreparedTransactionKeepsTheGate(t *testing.T) {
+	t.Parallel()
+	cl := pgtest.NewCluster(t, pgtest.ClusterOptions{Config: map[string]string{"max_prepared_transactions": "4"}})
+	ctx := t.Context()
+	c, err := pgx.Connect(ctx, cl.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.WithoutCancel(ctx)) })
+	_, err = c.Exec(ctx, `CREATE TABLE rt_cols (id int PRIMARY KEY, tok bigint, val text)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.Protect(ctx, c, "rt_cols", "rtx", "tok"))
+	t1, ok, err := sqlfuncs.Acquire(ctx, c, "rtx", "A", time.Hour)
+	require.NoError(t, err)
+	require.True(t, ok)
+	t.Cleanup(func() { _, _ = c.Exec(context.WithoutCancel(ctx), `ROLLBACK PREPARED 'rt8'`) })
+	for _, s := range []string{`BEGIN`, fmt.Sprintf(`INSERT INTO rt_cols VALUES (1, %d, 'A')`, t1), `PREPARE TRANSACTION 'rt8'`} {
+		_, err := c.Exec(ctx, s)
+		require.NoError(t, err, s)
+	}
+	other, err := pgx.Connect(ctx, cl.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close(context.WithoutCancel(ctx)) })
+	t2, err := revokeWithin(ctx, other, "rtx", "300ms")
+	if err == nil {
+		t.Errorf("BYPASS: the grant of %d returned while a prepared write under %d could still commit", t2, t1)
+		return
+	}
+	requireOneOf(t, err, "FN004")
+	_, err = c.Exec(ctx, `COMMIT PREPARED 'rt8'`)
+	require.NoError(t, err)
+	_, err = revokeWithin(ctx, other, "rtx", "2s")
+	require.NoError(t, err, "once the prepared transaction committed")
 }
