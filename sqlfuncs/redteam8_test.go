@@ -2,14 +2,12 @@ package sqlfuncs_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -46,15 +44,6 @@ func revokeWithin(ctx context.Context, db interface {
 	return tok, tx.Commit(ctx)
 }
 
-// sqlState is err's SQLSTATE, or "" when err is nil or not PostgreSQL's.
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
-
 // TestRedteam8FailedCursorFetchDropsTheGate: the guards' fast path holds
 // nothing but the resource's gate, a transaction-level advisory lock in
 // share mode (under READ COMMITTED for every form; since 008 also under
@@ -69,7 +58,12 @@ func sqlState(err error) string {
 // takes the gate at once and returns a new token while the writer's
 // transaction, holding a write under the old token, is still open; the
 // writer then commits. SPEC guarantee 3: once T2 has been granted, no write
-// under T1 commits.
+// under T1 commits. Under REPEATABLE READ and SERIALIZABLE the table-wide
+// forms take the fast path once the lease row version has no locker (a
+// grant leaves its own lock in the new version's xmax; a vacuum clears it,
+// here VACUUM (FREEZE) stands for autovacuum); the per-row form locks the
+// lease rows there (a row lock belongs to the transaction id, not to a
+// resource owner) and is refused.
 func TestRedteam8FailedCursorFetchDropsTheGate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
