@@ -145,7 +145,18 @@ BEGIN
         PERFORM fence._refuse('FN003', format('pgfence: unknown fencing token %s for resource %s: tokens are positive', token, resource),
             format('resource=%s token=%s', resource, token), 'pass the token that fence.acquire returned for this resource');
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
+    -- The gate is taken in a subtransaction of its own. PostgreSQL files a
+    -- lock under the resource owner current when it is taken: in a cursor's
+    -- query that is the cursor's portal, whose locks go when a later FETCH
+    -- of it fails inside a savepoint, while the rows written stay. When a
+    -- subtransaction commits, its locks pass to the transaction's own
+    -- resource owner, and stay until the transaction ends
+    -- (TestRedteam8FailedCursorFetchDropsTheGate).
+    BEGIN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(resource));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE;
+    END;
     IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
         SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource;
     ELSE
@@ -688,7 +699,7 @@ AS $function$
     SELECT pg_catalog.format(pg_catalog.concat(
 $s$
 DECLARE
-    res pg_catalog.text := TG_ARGV[0];
+    res pg_catalog.text;
     tok pg_catalog.int8;
     ok  pg_catalog.bool;
 BEGIN
@@ -700,10 +711,11 @@ $s$
            AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I OR pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.=) 1) THEN
             NEW.%1$I := OPERATOR(pg_catalog.-) NEW.%1$I;
         ELSIF NEW.%1$I OPERATOR(pg_catalog.<=) 0 THEN
-            PERFORM fence.check(res, NEW.%1$I);
+            PERFORM fence.check(TG_ARGV[0], NEW.%1$I);
         END IF;
         RETURN NEW;
     END IF;
+    res := TG_ARGV[0];
     IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         IF NEW.%1$I OPERATOR(pg_catalog.<) 0 AND (OLD.%1$I IS NULL OR NEW.%1$I OPERATOR(pg_catalog.<>) OLD.%1$I) THEN
             tok := OPERATOR(pg_catalog.-) NEW.%1$I;
@@ -712,21 +724,26 @@ $s$
         tok := NEW.%1$I;
     END IF;
     IF tok IS NULL THEN
-        tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+        tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
     END IF;
 $s$
         ELSE
 $s$
-    tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    res := TG_ARGV[0];
+    tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
 $s$
         END,
 $s$
-    IF pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res)) THEN
-        SELECT x.token OPERATOR(pg_catalog.=) tok
-               AND (x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
-                    OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed')
-               AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
-          INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        BEGIN  -- a subtransaction of its own, as in fence._check
+            ok := pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res));
+        EXCEPTION WHEN OTHERS THEN
+            RAISE;
+        END;
+        IF ok THEN
+            SELECT x.token OPERATOR(pg_catalog.=) tok AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
+              INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
+        END IF;
     END IF;
 $s$,
         CASE WHEN col IS NOT NULL THEN
@@ -786,19 +803,24 @@ CREATE OR REPLACE FUNCTION fence._guard_use_token()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    res pg_catalog.text := TG_ARGV[0];
+    res pg_catalog.text;
     tok pg_catalog.int8;
     ok  pg_catalog.bool;
 BEGIN
 
-    tok := (NULLIF(pg_catalog.current_setting('fence.tokens', true), '')::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    res := TG_ARGV[0];
+    tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
 
-    IF pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res)) THEN
-        SELECT x.token OPERATOR(pg_catalog.=) tok
-               AND (x.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
-                    OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed')
-               AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
-          INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        BEGIN  -- a subtransaction of its own, as in fence._check
+            ok := pg_catalog.pg_try_advisory_xact_lock_shared(fence._gate_key(res));
+        EXCEPTION WHEN OTHERS THEN
+            RAISE;
+        END;
+        IF ok THEN
+            SELECT x.token OPERATOR(pg_catalog.=) tok AND CURRENT_USER OPERATOR(pg_catalog.=) fence._acting_role()
+              INTO ok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res;
+        END IF;
     END IF;
 
     IF ok IS NOT TRUE THEN
@@ -850,7 +872,11 @@ DECLARE
     gate     pg_catalog.bool;
     deadline pg_catalog.timestamptz;
 BEGIN
-    gate := pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(res));
+    BEGIN  -- a subtransaction of its own, as in fence._check
+        gate := pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(res));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE;
+    END;
     IF gate THEN
         SELECT * INTO lease FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res FOR UPDATE SKIP LOCKED;
         locked := FOUND OR NOT EXISTS (SELECT 1 FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res);
@@ -1122,7 +1148,7 @@ AS $function$
 $s$
 #variable_conflict use_variable
 DECLARE
-    pre pg_catalog.text := TG_ARGV[0];
+    pre pg_catalog.text;
     res pg_catalog.text;
     tok pg_catalog.int8;
     reg pg_catalog.text;
@@ -1133,23 +1159,24 @@ DECLARE
     held pg_catalog.int4;
     found_n pg_catalog.int8;
     stale pg_catalog.bool;
+    kids pg_catalog.bool;
 BEGIN
 $s$,
         CASE WHEN tcol IS NOT NULL THEN
 $s$
-    IF TG_LEVEL OPERATOR(pg_catalog.=) 'ROW' THEN
-        IF TG_NAME OPERATOR(pg_catalog.=) '~fence_guard_0_mark' THEN
-            -- A foreign-key action's assignment of the row's own value is
-            -- not a presentation (as in fence._guard_source).
-            IF NEW.%2$I OPERATOR(pg_catalog.=) OLD.%2$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
-                RETURN NEW;
-            END IF;
-            IF NEW.%2$I OPERATOR(pg_catalog.<=) 0 THEN
-                PERFORM fence.check((pre OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C", NEW.%2$I);
-            END IF;
-            NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+    IF TG_NAME OPERATOR(pg_catalog.=) '~fence_guard_0_mark' THEN
+        -- A foreign-key action's assignment of the row's own value is
+        -- not a presentation (as in fence._guard_source).
+        IF NEW.%2$I OPERATOR(pg_catalog.=) OLD.%2$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
             RETURN NEW;
         END IF;
+        IF NEW.%2$I OPERATOR(pg_catalog.<=) 0 THEN
+            PERFORM fence.check((TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C", NEW.%2$I);
+        END IF;
+        NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+        RETURN NEW;
+    END IF;
+    IF TG_LEVEL OPERATOR(pg_catalog.=) 'ROW' THEN
         IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' AND NEW.%2$I OPERATOR(pg_catalog.<) 0
            AND (OLD.%2$I IS NULL OR NEW.%2$I OPERATOR(pg_catalog.<>) OLD.%2$I) THEN
             NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
@@ -1158,7 +1185,7 @@ $s$
         IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' AND NEW.%2$I IS NOT NULL THEN
             RETURN NEW;
         END IF;
-        res := (pre OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+        res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
         reg := pg_catalog.current_setting('fence.tokens', true);
         IF reg OPERATOR(pg_catalog.<>) '' THEN
             tok := (reg::pg_catalog.jsonb OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
@@ -1172,34 +1199,22 @@ $s$
 $s$
         END,
 $s$
-    -- Rows of inheritance children (created after protect_rows) pass the
-    -- statement triggers of this table but not its row triggers: refuse.
-    IF EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID) THEN
-        RAISE EXCEPTION 'pgfence: per-row protected table %% has inheritance children', TG_RELID::pg_catalog.regclass
-            USING ERRCODE = '42809',
-                  HINT = 'the guard does not see the children''s rows as they are written: drop the children (or ALTER TABLE ... NO INHERIT), or fence.unprotect the table';
-    END IF;
+    pre := TG_ARGV[0];
     IF CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
         PERFORM fence._acting_role_check(TG_RELID);
     END IF;
-    reg := pg_catalog.current_setting('fence.tokens', true);
-    IF reg OPERATOR(pg_catalog.<>) '' THEN
-        regj := reg::pg_catalog.jsonb;
-    END IF;
-    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
-        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg(q.t) INTO rs, ts FROM (
-            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) n.%1$I::pg_catalog.text) COLLATE pg_catalog."C" AS r, $s$,
-        CASE WHEN tcol IS NOT NULL THEN 'n.%2$I'
-             ELSE $s$(regj OPERATOR(pg_catalog.->>) ((pre OPERATOR(pg_catalog.||) n.%1$I::pg_catalog.text) COLLATE pg_catalog."C"))::pg_catalog.int8$s$ END,
-$s$ AS t FROM fence_new n) q;
-    ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
-        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg((regj OPERATOR(pg_catalog.->>) q.r)::pg_catalog.int8) INTO rs, ts FROM (
-            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) o.%1$I::pg_catalog.text) COLLATE pg_catalog."C" AS r FROM fence_old o) q;
-    ELSE
+    regj := CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) ''
+                 THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END;
+    -- One query: the distinct (resource, token) pairs the statement wrote,
+    -- their number, and whether the table has inheritance children (their
+    -- rows pass this table's statement triggers but not its row triggers).
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
 $s$,
         CASE WHEN tcol IS NOT NULL THEN
 $s$
-        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg(q.t) INTO rs, ts FROM (
+        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg(q.t), pg_catalog.count(*),
+               EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID)
+          INTO rs, ts, n, kids FROM (
             SELECT DISTINCT (pre OPERATOR(pg_catalog.||) n.%1$I::pg_catalog.text) COLLATE pg_catalog."C" AS r, n.%2$I AS t FROM fence_new n
             UNION ALL
             SELECT g.r, (regj OPERATOR(pg_catalog.->>) g.r)::pg_catalog.int8 FROM (
@@ -1209,15 +1224,35 @@ $s$
 $s$
         ELSE
 $s$
-        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg((regj OPERATOR(pg_catalog.->>) q.r)::pg_catalog.int8) INTO rs, ts FROM (
+        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg((regj OPERATOR(pg_catalog.->>) q.r)::pg_catalog.int8), pg_catalog.count(*),
+               EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID)
+          INTO rs, ts, n, kids FROM (
             SELECT (pre OPERATOR(pg_catalog.||) n.%1$I::pg_catalog.text) COLLATE pg_catalog."C" AS r FROM fence_new n
             UNION
             SELECT (pre OPERATOR(pg_catalog.||) o.%1$I::pg_catalog.text) COLLATE pg_catalog."C" FROM fence_old o) q;
 $s$
         END,
 $s$
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg(q.t), pg_catalog.count(*),
+               EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID)
+          INTO rs, ts, n, kids FROM (
+            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) n.%1$I::pg_catalog.text) COLLATE pg_catalog."C" AS r, $s$,
+        CASE WHEN tcol IS NOT NULL THEN 'n.%2$I'
+             ELSE $s$(regj OPERATOR(pg_catalog.->>) ((pre OPERATOR(pg_catalog.||) n.%1$I::pg_catalog.text) COLLATE pg_catalog."C"))::pg_catalog.int8$s$ END,
+$s$ AS t FROM fence_new n) q;
+    ELSE
+        SELECT pg_catalog.array_agg(q.r), pg_catalog.array_agg((regj OPERATOR(pg_catalog.->>) q.r)::pg_catalog.int8), pg_catalog.count(*),
+               EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID)
+          INTO rs, ts, n, kids FROM (
+            SELECT DISTINCT (pre OPERATOR(pg_catalog.||) o.%1$I::pg_catalog.text) COLLATE pg_catalog."C" AS r FROM fence_old o) q;
     END IF;
-    IF rs IS NULL THEN
+    IF kids THEN
+        RAISE EXCEPTION 'pgfence: per-row protected table %% has inheritance children', TG_RELID::pg_catalog.regclass
+            USING ERRCODE = '42809',
+                  HINT = 'the guard does not see the children''s rows as they are written: drop the children (or ALTER TABLE ... NO INHERIT), or fence.unprotect the table';
+    END IF;
+    IF n OPERATOR(pg_catalog.=) 0 THEN
         RETURN NULL;
     END IF;
     -- A statement over a few resources takes their gates in share mode (in
@@ -1229,28 +1264,36 @@ $s$
     -- Everything else, and every failure (for its error), goes to
     -- fence._check_many, which locks the lease rows. docs/design.md,
     -- "Per-row resources" (the lock budget, fairness).
-    n := pg_catalog.cardinality(rs);
-    IF n OPERATOR(pg_catalog.<=) 16 THEN
-        reg := pg_catalog.current_setting('fence._gates', true);
-        held := CASE WHEN reg OPERATOR(pg_catalog.~) '^[0-9]{1,4}$' THEN reg::pg_catalog.int4
-                     WHEN COALESCE(reg, '') OPERATOR(pg_catalog.=) '' THEN 0 ELSE 64 END;
-        IF held OPERATOR(pg_catalog.+) n OPERATOR(pg_catalog.<=) 64 AND pg_catalog.array_position(rs, NULL) IS NULL THEN
-            IF n OPERATOR(pg_catalog.=) 1 THEN
-                PERFORM pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(rs[1]));
-            ELSE
+    held := CASE WHEN n OPERATOR(pg_catalog.>) 16 OR pg_catalog.array_position(rs, NULL) IS NOT NULL THEN 64
+                 WHEN pg_catalog.current_setting('fence._gates', true) OPERATOR(pg_catalog.~) '^[0-9]{1,4}$'
+                 THEN pg_catalog.current_setting('fence._gates', true)::pg_catalog.int4
+                 WHEN COALESCE(pg_catalog.current_setting('fence._gates', true), '') OPERATOR(pg_catalog.=) '' THEN 0
+                 ELSE 64 END;
+    IF held OPERATOR(pg_catalog.+) n OPERATOR(pg_catalog.<=) 64 THEN
+        IF n OPERATOR(pg_catalog.=) 1 THEN
+            -- one resource (most statements): its gate, then a plain read by
+            -- key under READ COMMITTED (a void cast to text is '')
+            BEGIN  -- a subtransaction of its own, as in fence._check
+                reg := pg_catalog.set_config('fence._gates', (held OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true)
+                       OPERATOR(pg_catalog.||) pg_catalog.pg_advisory_xact_lock_shared(fence._gate_key(rs[1]))::pg_catalog.text;
+            EXCEPTION WHEN OTHERS THEN
+                RAISE;
+            END;
+            SELECT x.token OPERATOR(pg_catalog.<>) ts[1]
+                   OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+              INTO stale FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) rs[1];
+            IF stale IS FALSE THEN
+                RETURN NULL;
+            END IF;
+        ELSE
+            BEGIN  -- a subtransaction of its own, as in fence._check
                 PERFORM pg_catalog.pg_advisory_xact_lock_shared(g.k)
                    FROM (SELECT DISTINCT fence._gate_key(u.r) AS k FROM pg_catalog.unnest(rs) AS u(r)) g ORDER BY g.k;
-            END IF;
-            PERFORM pg_catalog.set_config('fence._gates', (held OPERATOR(pg_catalog.+) n)::pg_catalog.text, true);
-            IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
-                NULL;  -- the row locks of fence._check_many
-            ELSIF n OPERATOR(pg_catalog.=) 1 THEN
-                -- one resource (most statements): a plain read by key
-                SELECT x.token OPERATOR(pg_catalog.<>) ts[1] INTO stale FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) rs[1];
-                IF stale IS FALSE THEN
-                    RETURN NULL;
-                END IF;
-            ELSE
+            EXCEPTION WHEN OTHERS THEN
+                RAISE;
+            END;
+            reg := pg_catalog.set_config('fence._gates', (held OPERATOR(pg_catalog.+) n)::pg_catalog.text, true);
+            IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
                 SELECT pg_catalog.count(*), pg_catalog.bool_or(u.t IS NULL OR u.t OPERATOR(pg_catalog.<>) l.token) INTO found_n, stale
                   FROM ROWS FROM (pg_catalog.unnest(rs), pg_catalog.unnest(ts)) AS u(r, t),
                        LATERAL (SELECT x.token FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) u.r) l;
@@ -1448,9 +1491,15 @@ AS $function$
 DECLARE
     ok boolean;
 BEGIN
-    IF pg_try_advisory_xact_lock_shared(fence._gate_key(resource)) THEN
-        SELECT x.token = token AND (x.xmax = '0'::xid OR current_setting('transaction_isolation') = 'read committed')
-          INTO ok FROM fence.lease x WHERE x.resource = resource;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        BEGIN  -- a subtransaction of its own, as in fence._check
+            ok := pg_try_advisory_xact_lock_shared(fence._gate_key(resource));
+        EXCEPTION WHEN OTHERS THEN
+            RAISE;
+        END;
+        IF ok THEN
+            SELECT x.token = token INTO ok FROM fence.lease x WHERE x.resource = resource;
+        END IF;
     END IF;
     IF ok IS NOT TRUE THEN
         PERFORM fence._check(resource, token);
@@ -1816,9 +1865,15 @@ DECLARE
     ok  boolean;
     reg text;
 BEGIN
-    IF pg_try_advisory_xact_lock_shared(fence._gate_key(resource)) THEN
-        SELECT x.token = token AND (x.xmax = '0'::xid OR current_setting('transaction_isolation') = 'read committed')
-          INTO ok FROM fence.lease x WHERE x.resource = resource;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        BEGIN  -- a subtransaction of its own, as in fence._check
+            ok := pg_try_advisory_xact_lock_shared(fence._gate_key(resource));
+        EXCEPTION WHEN OTHERS THEN
+            RAISE;
+        END;
+        IF ok THEN
+            SELECT x.token = token INTO ok FROM fence.lease x WHERE x.resource = resource;
+        END IF;
     END IF;
     IF ok IS NOT TRUE THEN
         PERFORM fence._check(resource, token);
