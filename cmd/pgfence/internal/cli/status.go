@@ -55,11 +55,12 @@ const (
 	defaultWatchInterval = 2 * time.Second
 	// minWatchInterval keeps a watch from reading in a busy loop.
 	minWatchInterval = 100 * time.Millisecond
-	// minTickTimeout bounds each read of a watch, whatever the interval
-	// (a read that runs longer than that is reported as failed and tried
-	// again at the next tick).
-	minTickTimeout = 10 * time.Second
 )
+
+// minTickTimeout bounds each read of a watch, whatever the interval (a read
+// that runs longer than that is reported as failed and tried again at the
+// next tick). A variable for the test of that bound.
+var minTickTimeout = 10 * time.Second
 
 // statusFlags are the flags of pgfence status.
 type statusFlags struct {

@@ -23,8 +23,9 @@ import (
 // statusStory gives a database leases in every state and a refused write,
 // and returns a role that was granted usage and nothing else, with the
 // tokens: "live" (a live TTL lease), "released", "revoked", "session" (a
-// live session lease, held until the test ends) and weird, a live lease on
-// a resource whose name needs every escape of the exposition format.
+// live session lease, held until the test ends), "gone" (a session lease
+// whose session ended) and weird, a live lease on a resource whose name
+// needs every escape of the exposition format.
 type statusStory struct {
 	db     *pgtest.DB
 	reader string
@@ -59,6 +60,16 @@ func newStatusStory(t *testing.T) *statusStory {
 	require.NoError(t, err)
 	require.True(t, ok)
 	s.tokens["session"] = tok
+	gone := db.Conn(t) // a session lease whose session ends: free
+	tok, ok, err = sqlfuncs.AcquireSession(ctx, gone, "gone", "holder-of-gone")
+	require.NoError(t, err)
+	require.True(t, ok)
+	s.tokens["gone"] = tok
+	require.NoError(t, gone.Close(ctx))
+	require.Eventually(t, func() bool {
+		l, ok, err := sqlfuncs.GetLease(ctx, db.Pool, "gone")
+		return err == nil && ok && !l.Live
+	}, 10*time.Second, 10*time.Millisecond)
 
 	_, err = db.Pool.Exec(ctx, `CREATE TABLE report (body text, tok bigint)`)
 	require.NoError(t, err)
@@ -126,7 +137,7 @@ func TestStatusPrometheus(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]float64{"": 1}, series(t, fams, "pgfence_up"))
-	require.Equal(t, map[string]float64{"state=live": 3, "state=released": 1, "state=revoked": 1, "state=expired": 0, "state=free": 0},
+	require.Equal(t, map[string]float64{"state=live": 3, "state=released": 1, "state=revoked": 1, "state=expired": 0, "state=free": 1},
 		series(t, fams, "pgfence_leases"))
 	require.Equal(t, dto.MetricType_COUNTER, fams["pgfence_write_refusals_total"].GetType())
 	require.Equal(t, map[string]float64{"reason=stale token,sqlstate=FN001": 1, "reason=no token,sqlstate=FN002": 0, "reason=token never granted,sqlstate=FN003": 0},
@@ -138,9 +149,10 @@ func TestStatusPrometheus(t *testing.T) {
 		"holder=holder-of-rele,kind=ttl,resource=released,state=released": 1,
 		"holder=,kind=revoked,resource=revoked,state=revoked":             1,
 		"holder=holder-of-sess,kind=session,resource=session,state=live":  1,
+		"holder=holder-of-gone,kind=session,resource=gone,state=free":     1,
 		"holder=holder-of-we\"i,kind=ttl," + weird + ",state=live":        1,
 	}, series(t, fams, "pgfence_lease_info"))
-	require.Equal(t, map[string]float64{"resource=live": 1, "resource=released": 0, "resource=revoked": 0, "resource=session": 1, weird: 1},
+	require.Equal(t, map[string]float64{"resource=live": 1, "resource=released": 0, "resource=revoked": 0, "resource=session": 1, "resource=gone": 0, weird: 1},
 		series(t, fams, "pgfence_lease_live"))
 	tokens := series(t, fams, "pgfence_lease_token")
 	for r, tok := range s.tokens {

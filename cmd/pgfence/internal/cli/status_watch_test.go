@@ -113,7 +113,7 @@ func TestStatusWatchOnlyReadsAndEndsOnCtrlC(t *testing.T) {
 	var last time.Time
 	for range 3 {
 		l := next()
-		require.Len(t, l.Leases, 5)
+		require.Len(t, l.Leases, 6)
 		require.Equal(t, int64(1), l.refused(sqlfuncs.CodeStaleToken))
 		require.True(t, l.At.After(last), "one line per tick")
 		last = l.At
@@ -200,7 +200,7 @@ func TestStatusWatchGoesOnAfterAFailedRead(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ls := lines()
 		for i, l := range ls {
-			if l.Error != "" && i+1 < len(ls) && ls[i+1].Error == "" && len(ls[i+1].Leases) == 5 {
+			if l.Error != "" && i+1 < len(ls) && ls[i+1].Error == "" && len(ls[i+1].Leases) == 6 {
 				failed = i
 				return true
 			}
@@ -212,4 +212,28 @@ func TestStatusWatchGoesOnAfterAFailedRead(t *testing.T) {
 	cancel()
 	require.Equal(t, cli.ExitOK, <-done)
 	require.True(t, bytes.HasSuffix([]byte(stdout.String()), []byte("\n")))
+}
+
+// TestStatusWatchOnATerminal: on a terminal (script(1) gives the built
+// binary a pseudo-terminal) every frame starts by moving home and clearing
+// the screen, so that it replaces the last; SIGTERM ends the watch with
+// exit 0, as SIGINT does. (timeout --foreground signals pgfence alone:
+// without it, timeout signals its whole process group as well, and the
+// second SIGTERM ends pgfence at once with 143, as documented.)
+func TestStatusWatchOnATerminal(t *testing.T) {
+	t.Parallel()
+	scriptBin, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("script(1) (util-linux) is not installed")
+	}
+	s := newStatusStory(t)
+	bin := buildPgfence(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	shell := "timeout --foreground --preserve-status -s TERM 3 " + bin + " status live --watch=100ms --database-url '" + s.db.URLAs(s.reader) + "'; echo exit=$?"
+	out, _ := exec.CommandContext(ctx, scriptBin, "-qec", shell, "/dev/null").CombinedOutput()
+	frames := strings.Split(string(out), "\x1b[H\x1b[2J")
+	require.GreaterOrEqual(t, len(frames), 2, "frames redrawn in place: %q", out)
+	require.Contains(t, frames[1], "live")
+	require.Contains(t, frames[len(frames)-1], "exit=0")
 }
