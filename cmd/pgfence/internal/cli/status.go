@@ -41,12 +41,17 @@ type refusalCountJSON struct {
 }
 
 // watchJSON is the line that status --watch --json prints on every tick:
-// the lease rows and the refusal counts, or the error of that tick's read.
+// the lease rows and the refusal counts.
 type watchJSON struct {
 	At       time.Time          `json:"at"`
 	Leases   []statusJSON       `json:"leases"`
 	Refusals []refusalCountJSON `json:"refusals"`
-	Error    string             `json:"error,omitempty"`
+}
+
+// watchErrorJSON is the line of a tick whose read failed.
+type watchErrorJSON struct {
+	At    time.Time `json:"at"`
+	Error string    `json:"error"`
 }
 
 // Bounds of status --watch.
@@ -82,8 +87,8 @@ so a role granted usage is enough.
 
 --watch redraws the table every INTERVAL (2s when none is given; write it
 with an equals sign, --watch=5s) until Ctrl-C, which ends it with exit
-code 0; with --json it prints one JSON line per tick. A read that fails
-after the start is reported (on stderr, as a JSON line with "error", or in
+code 0; with --json it prints one JSON line per tick. Once connected, a
+read that fails is reported (on stderr, as a JSON line with "error", or in
 the Prometheus file as pgfence_up 0) and tried again at the next tick.
 
 --format prometheus prints the Prometheus text exposition of the lease table
@@ -277,9 +282,9 @@ func (st *statusRun) show(r statusRead, readErr error, terminal bool) error {
 		}
 		return st.writeProm(r)
 	case st.g.json:
-		line := watchJSON{At: now, Leases: statusRows(r.leases), Refusals: refusalRows(r.refusals)}
+		var line any = watchJSON{At: now, Leases: statusRows(r.leases), Refusals: refusalRows(r.refusals)}
 		if readErr != nil {
-			line = watchJSON{At: now, Error: message(readErr)}
+			line = watchErrorJSON{At: now, Error: message(readErr)}
 		}
 		return json.NewEncoder(st.g.stdout).Encode(line)
 	}
