@@ -158,6 +158,10 @@ type ProtectedTable struct {
 	// GuardDisabled: a trigger of the table whose function is in schema
 	// fence is disabled (ALTER TABLE ... DISABLE TRIGGER).
 	GuardDisabled bool
+	// GuardReplicaOnly: such a trigger fires in replica mode only (ALTER
+	// TABLE ... ENABLE REPLICA TRIGGER), so ordinary sessions skip it.
+	// fence.protected counts it as enabled.
+	GuardReplicaOnly bool
 	// FiresAlways: every guard trigger fires in replica mode too
 	// (fence.fire_always, migration 7); false before migration 7.
 	FiresAlways bool
@@ -172,6 +176,8 @@ const protectedTablesSQL = `SELECT p.tbl::text, p.resource, coalesce(p.token_col
 		EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p.tbl AND t.tgname = 'zz_fence_guard_row'),
 		EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
 		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'D'),
+		EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
+		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'R'),
 		coalesce((to_jsonb(p)->>'fires_always')::boolean, false)
 		FROM fence.protected p ORDER BY 1`
 
@@ -185,7 +191,7 @@ func ProtectedTables(ctx context.Context, db Querier) ([]ProtectedTable, error) 
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProtectedTable, error) {
 		var p ProtectedTable
-		err := r.Scan(&p.Table, &p.Resource, &p.TokenColumn, &p.Form, &p.ResourceColumn, &p.TriggerRoles, &p.LegacyGuard, &p.GuardDisabled, &p.FiresAlways)
+		err := r.Scan(&p.Table, &p.Resource, &p.TokenColumn, &p.Form, &p.ResourceColumn, &p.TriggerRoles, &p.LegacyGuard, &p.GuardDisabled, &p.GuardReplicaOnly, &p.FiresAlways)
 		return p, err
 	})
 }

@@ -37,8 +37,8 @@ func newDoctorCmd(g *globals) *cobra.Command {
   migrations          the kit installed, at which version, not dirty
   privileges          what the current role may do with the kit (or what
                       keeps it from installing it)
-  protected tables    disabled guards, other roles with TRIGGER, guards of
-                      migration 2
+  protected tables    disabled guards (or replica-only ones), other roles
+                      with TRIGGER, guards of migration 2
   settings            the durability settings below are readable
   synchronous_commit  off or on
   standbys            asynchronous ones (and what that means for tokens)
@@ -49,6 +49,8 @@ func newDoctorCmd(g *globals) *cobra.Command {
   pooler              a connection pooler in front, and its mode
   token epoch         the functions grants read the epoch from
   managed service     which one the server's settings suggest
+  server log          refused writes reach it with their SQLSTATE and
+                      statement
 
 Exit code 1 when a check fails.
 
@@ -73,6 +75,7 @@ table), so it is safe to run as any role, before or after installing.`,
 				defer closePool(pool)
 				doctorChecks(ctx, pool, add)
 				doctorPlatformChecks(ctx, pool, add) // doctor_platform.go
+				doctorServerLog(ctx, pool, add)      // doctor_log.go
 			}
 			failed := false
 			for _, f := range fs {

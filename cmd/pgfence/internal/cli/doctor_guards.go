@@ -13,9 +13,10 @@ import (
 // doctorGuards reports what can get around the guards of protected tables:
 // roles other than the owner with the TRIGGER privilege (they can add a
 // trigger that rewrites rows after the guard), disabled guard triggers,
-// tables that still carry migration 002's guard, and guards that do not
-// fire in replica mode while a role other than a superuser may choose it
-// (SET on session_replication_role, PostgreSQL 15+).
+// guard triggers that fire in replica mode only (ordinary sessions skip
+// them), tables that still carry migration 002's guard, and guards that do
+// not fire in replica mode while a role other than a superuser may choose
+// it (SET on session_replication_role, PostgreSQL 15+).
 func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, serverVersionNum int, add func(check, status, detail, fix string)) {
 	if !k.Installed || !k.VersionKnown || k.Version < 3 || !(k.Usage || k.Super) {
 		return
@@ -52,6 +53,14 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, serverVer
 			add("protected tables", "fail", fmt.Sprintf("a guard trigger of %s is disabled: writes to it are not fenced", t.Table),
 				fmt.Sprintf("as the owner of %s: ALTER TABLE %s ENABLE TRIGGER USER (or SELECT %s again)", t.Table, t.Table, again))
 		}
+		if t.GuardReplicaOnly {
+			again := "fence.protect"
+			if t.Form == "rows" {
+				again = "fence.protect_rows"
+			}
+			add("protected tables", "fail", fmt.Sprintf("a guard trigger of %s fires in replica mode only (ENABLE REPLICA TRIGGER): ordinary sessions skip it, and their writes to it are not fenced", t.Table),
+				fmt.Sprintf("as the owner of %s: SELECT %s again (it re-creates the guards as they were meant), or ALTER TABLE %s ENABLE TRIGGER USER", t.Table, again, t.Table))
+		}
 		if roles != "" {
 			add("protected tables", "warn", fmt.Sprintf("roles other than the owner can create triggers on %s: %s; such a trigger can rewrite rows after the guard checked them", t.Table, roles),
 				fmt.Sprintf("as the owner of %s: REVOKE TRIGGER ON %s FROM %s (grant SELECT, INSERT, UPDATE, DELETE instead of ALL)", t.Table, t.Table, roles))
@@ -66,7 +75,7 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, serverVer
 			add("protected tables", "warn", fmt.Sprintf("%s keeps the guard of migration 2 (made fail-closed by migration 3, but slower, and an UPDATE that re-assigns the row's own token needs fence.use_token)", t.Table),
 				"as the owner of "+t.Table+": "+protect)
 		}
-		if !t.GuardDisabled && roles == "" && !t.LegacyGuard && !replica {
+		if !t.GuardDisabled && !t.GuardReplicaOnly && roles == "" && !t.LegacyGuard && !replica {
 			clean++
 		}
 	}

@@ -143,3 +143,50 @@ func TestDoctorReportsGuardsThatReplicaModeSkips(t *testing.T) {
 	require.NoError(t, sqlfuncs.FireAlways(ctx, conn, "perrow", true))
 	require.NotContains(t, text(), "session_replication_role")
 }
+
+// TestDoctorReportsGuardsThatFireInReplicaModeOnly: a guard trigger set to
+// fire in replica mode only (ALTER TABLE ... ENABLE REPLICA TRIGGER) is
+// skipped by every ordinary session, so a write without a token commits;
+// fence.protected still counts such a table as enabled, and doctor fails it
+// with the fix, for either form, until the guards are re-created.
+func TestDoctorReportsGuardsThatFireInReplicaModeOnly(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	ctx := t.Context()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	exec(`CREATE TABLE wide (id int, tok bigint)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "wide", "r", "tok"))
+	exec(`CREATE TABLE perrow (id int NOT NULL, tok bigint)`)
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "perrow", "id", "r:", "tok"))
+	exec(`ALTER TABLE wide ENABLE REPLICA TRIGGER "~fence_guard_1_row"`)
+	exec(`ALTER TABLE perrow ENABLE REPLICA TRIGGER "~fence_rows_2_upd"`)
+
+	exec(`INSERT INTO wide VALUES (1, NULL)`) // no token, and accepted
+	var enabled bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT enabled FROM fence.protected WHERE tbl = 'wide'::regclass`).Scan(&enabled))
+	require.True(t, enabled, "fence.protected misses replica-only guards (which is why doctor reads pg_trigger)")
+
+	text := func() string {
+		var lines []string
+		for _, f := range doctorList(t, db.URL, "protected tables") {
+			lines = append(lines, f.Status+" "+f.Detail+" | "+f.Fix)
+		}
+		return strings.Join(lines, "\n")
+	}
+	all := text()
+	require.Contains(t, all, "fail a guard trigger of wide fires in replica mode only (ENABLE REPLICA TRIGGER): ordinary sessions skip it")
+	require.Contains(t, all, "as the owner of wide: SELECT fence.protect again")
+	require.Contains(t, all, "fail a guard trigger of perrow fires in replica mode only")
+	require.Contains(t, all, "as the owner of perrow: SELECT fence.protect_rows again")
+	require.NotContains(t, all, "ok ")
+
+	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "wide", "r", "tok"))
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "perrow", "id", "r:", "tok"))
+	require.Equal(t, "ok 2 of 2 with the current guard, no trigger roles but the owner | ", text())
+	_, err := db.Pool.Exec(ctx, `INSERT INTO wide VALUES (2, NULL)`)
+	require.ErrorIs(t, sqlfuncs.Translate(err), sqlfuncs.ErrNoToken)
+}

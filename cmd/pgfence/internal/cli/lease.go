@@ -7,7 +7,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -202,102 +201,6 @@ privilege (fence.grant_usage(role, operator => true)).`,
 				return g.emit(leaseJSON{Resource: args[0], Token: tok}, func(w io.Writer) error {
 					_, err := fmt.Fprintln(w, tok)
 					return err
-				})
-			})
-		},
-	}
-}
-
-// statusJSON is the --json shape of one status row.
-type statusJSON struct {
-	Resource         string     `json:"resource"`
-	Holder           string     `json:"holder"`
-	Token            int64      `json:"token"`
-	Kind             string     `json:"kind"`
-	Live             bool       `json:"live"`
-	AcquiredAt       time.Time  `json:"acquired_at"`
-	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
-	ExpiresInSeconds *float64   `json:"expires_in_seconds,omitempty"`
-	EndedAt          *time.Time `json:"ended_at,omitempty"`
-}
-
-func newStatusCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "status [RESOURCE]",
-		Short: "Show every lease (or one): holder, token, live or not, expiry by the server's clock",
-		Example: `  pgfence status
-  pgfence status nightly-report --json`,
-		Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			return g.withClient(ctx, gofence.Config{}, func(c *gofence.Client) error {
-				var infos []gofence.LeaseInfo
-				if len(args) == 1 {
-					info, ok, err := c.LeaseOf(ctx, args[0])
-					if err != nil {
-						return err
-					}
-					if !ok {
-						return exitError{ExitError, fmt.Errorf("%s has never been granted", args[0])}
-					}
-					infos = []gofence.LeaseInfo{info}
-				} else {
-					var err error
-					if infos, err = c.Leases(ctx); err != nil {
-						return err
-					}
-				}
-				rows := make([]statusJSON, len(infos))
-				for i, in := range infos {
-					r := statusJSON{Resource: in.Resource, Holder: in.Holder, Token: in.Token, Kind: in.Kind, Live: in.Live, AcquiredAt: in.AcquiredAt}
-					switch {
-					case !in.EndedAt.IsZero():
-						// Released or revoked: it ended then, whatever its TTL
-						// would have said.
-						ended := in.EndedAt
-						r.EndedAt = &ended
-					case !in.ExpiresAt.IsZero():
-						exp := in.ExpiresAt
-						r.ExpiresAt = &exp
-						if in.Live {
-							left := in.ExpiresAt.Sub(in.ServerNow).Seconds()
-							r.ExpiresInSeconds = &left
-						}
-					}
-					rows[i] = r
-				}
-				return g.emit(rows, func(w io.Writer) error {
-					tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-					fmt.Fprintln(tw, "RESOURCE\tHOLDER\tTOKEN\tKIND\tSTATE\tEXPIRES IN")
-					for _, r := range rows {
-						state, expires := "free", "-"
-						switch {
-						case r.Live:
-							state = "live"
-						case r.Kind == "revoked":
-							state = "revoked"
-						case r.EndedAt != nil:
-							state = "released"
-						case r.ExpiresAt != nil:
-							state = "expired"
-						}
-						if r.ExpiresInSeconds != nil {
-							expires = (time.Duration(*r.ExpiresInSeconds * float64(time.Second))).Round(time.Millisecond).String()
-						} else if r.Kind == "session" && r.Live {
-							expires = "with its session"
-						}
-						holder, kind := r.Holder, r.Kind
-						if holder == "" {
-							holder = "-"
-						}
-						if kind == "revoked" {
-							// A revoke grants its token to nobody: no lease, of
-							// either kind; STATE says revoked.
-							kind = "-"
-						}
-						fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Resource, holder, r.Token, kind, state, expires)
-					}
-					return tw.Flush()
 				})
 			})
 		},

@@ -1,0 +1,83 @@
+package sqlfuncs_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// TestRefusalsCountEveryRefusedWrite (issue 22, item 3): an application role
+// that was granted usage, and nothing on the kit's sequences, reads
+// fence.refusals through Refusals; each refused write of its own (FN001,
+// FN002, FN003), rolled back as a refusal always is, adds one to its
+// SQLSTATE's count and to no other, and an accepted write adds nothing.
+func TestRefusalsCountEveryRefusedWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	b.exec(t, `CREATE TABLE orders (id int, note text, fence_token bigint)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "orders", "orders", "fence_token"))
+	app := pgtest.NewRole(t, "app")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
+	b.exec(t, `GRANT SELECT, INSERT, UPDATE ON orders TO `+pgx.Identifier{app}.Sanitize())
+	conn := roleConn(t, b, app)
+
+	counts := func() map[string]int64 {
+		t.Helper()
+		rs, err := sqlfuncs.Refusals(ctx, conn)
+		require.NoError(t, err)
+		m := map[string]int64{}
+		var codes []string
+		for _, r := range rs {
+			m[r.SQLState] = r.Count
+			codes = append(codes, r.SQLState+" "+r.Reason)
+		}
+		require.Equal(t, []string{"FN001 stale token", "FN002 no token", "FN003 token never granted"}, codes)
+		return m
+	}
+	// write runs sql in a transaction of its own as the application role and
+	// returns its error; a refused one is rolled back.
+	write := func(sql string, args ...any) error {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // after a commit: nothing to do
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			return sqlfuncs.Translate(err)
+		}
+		return tx.Commit(ctx)
+	}
+
+	stale, ok, err := sqlfuncs.Acquire(ctx, conn, "orders", "app", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, write(`INSERT INTO orders VALUES (1, 'accepted', $1)`, stale))
+	before := counts()
+	latest, err := sqlfuncs.Revoke(ctx, b.db.Pool, "orders") // the operator's; stale is stale now
+	require.NoError(t, err)
+	require.Equal(t, before, counts(), "an accepted write and a grant count nothing")
+
+	steps := []struct {
+		code, sql string
+		token     any
+		sentinel  error
+	}{
+		{sqlfuncs.CodeStaleToken, `UPDATE orders SET note = 'stale', fence_token = $1`, stale, sqlfuncs.ErrStaleToken},
+		{sqlfuncs.CodeNoToken, `INSERT INTO orders (id, note) SELECT 2, $1::text`, "no token", sqlfuncs.ErrNoToken},
+		{sqlfuncs.CodeUnknownToken, `INSERT INTO orders VALUES (3, 'forged', $1)`, latest + 1000, sqlfuncs.ErrUnknownToken},
+	}
+	want := before
+	for _, s := range steps {
+		require.ErrorIs(t, write(s.sql, s.token), s.sentinel, s.code)
+		want[s.code]++
+		require.Equal(t, want, counts(), "after a refusal with %s", s.code)
+	}
+	var rows int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&rows))
+	require.Equal(t, 1, rows, "the refused writes were rolled back; their counts were not")
+}
