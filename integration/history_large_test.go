@@ -47,8 +47,9 @@ import (
 // by size and transactions by isolation level. Leases run out in the middle
 // of a transaction (pauses longer than the TTL, frozen proxies), operators
 // revoke leases that workers hold, and a holder refused (or whose renewal
-// failed) drops the lost leases and goes on, stops, or writes on with all
-// of them as a zombie. Besides, workers try statements over their leases
+// failed) acquires the lost leases again (new tokens, where free) and goes
+// on (while a stale copy of it may write once more with the old tokens),
+// stops, or writes on with all of its old tokens as a zombie. Besides, workers try statements over their leases
 // that also write one resource they do not hold (an update, an insert, a
 // move into it; with a held resource's token in the column or with nothing
 // registered for it), one row or many: each must be refused, and is rolled
@@ -315,12 +316,21 @@ func (wk *worker) holdMany(ctx context.Context, ls []lease) {
 		switch r := wk.rng.IntN(20); {
 		case r < 2:
 			wk.sleep(ctx, wk.w.ttl+time.Duration(wk.rng.Int64N(int64(2*wk.w.ttl))))
-		case r < 9:
+		case r < 12:
 			if kept := wk.renewMany(ctx, ls); len(kept) < len(ls) {
 				lost = true
 				if !zombie {
-					ls = kept // a careful holder goes on with what it still holds
+					// a careful holder goes on with what it still holds and
+					// acquires the others again (new tokens, where free)
+					old := ls
+					ls = wk.reacquire(ctx, ls, kept)
 					wk.setHeld(ls)
+					if wk.rng.IntN(3) == 0 && wk.conn != nil {
+						// ... but a stale copy of it (a retry, a forked
+						// process) writes once more with the old tokens
+						wk.h.zombie.Add(1)
+						wk.writeRows(ctx, old)
+					}
 				}
 			}
 		}
@@ -350,9 +360,9 @@ func (wk *worker) holdMany(ctx context.Context, ls []lease) {
 				return
 			case 1: // write on with every lease, lost or not
 				zombie = true
-			default: // find out which leases are lost and go on with the rest
+			default: // find out which leases are lost, acquire them again, go on
 				if !zombie && wk.conn != nil {
-					ls = wk.renewMany(ctx, ls)
+					ls = wk.reacquire(ctx, ls, wk.renewMany(ctx, ls))
 					wk.setHeld(ls)
 				}
 			}
@@ -370,6 +380,23 @@ func (wk *worker) holdMany(ctx context.Context, ls []lease) {
 		wk.h.vanished.Add(1)
 		wk.drop()
 	}
+}
+
+// reacquire is the leases kept (of ls) and new leases of the resources of
+// ls that were not kept, where acquireMany gets them, sorted by resource.
+func (wk *worker) reacquire(ctx context.Context, ls, kept []lease) []lease {
+	var js []int
+	for _, l := range ls {
+		if !slices.Contains(kept, l) {
+			js = append(js, l.j)
+		}
+	}
+	out := slices.Clone(kept)
+	if wk.conn != nil && len(js) > 0 {
+		out = append(out, wk.acquireMany(ctx, js)...)
+	}
+	slices.SortFunc(out, func(a, b lease) int { return a.j - b.j })
+	return out
 }
 
 // Kinds of the large statements (stmtFigures).
@@ -645,9 +672,11 @@ func (wk *worker) largeBlindStatements() []string {
 // another resource: FN001 or FN003), an update after fence.use_token of the
 // held ones only (FN002 for f), an insert of rows into both (the same two
 // ways), or a move of the held rows into f (with a held token in the column,
-// or with nothing registered for f). If the statement succeeds and one of
-// the rows it returned belongs to f, before or after, the guard accepted a
-// write presenting no token of f: a violation.
+// or with nothing registered for f), or a move of the rows of f (and of the
+// subset) into the subset's resources (their tokens in the column, or
+// registered: nothing for f, which is old only). If the statement succeeds
+// and one of the rows it returned belongs to f, before or after, the guard
+// accepted a write presenting no token of f: a violation.
 func (wk *worker) foreignLargeWrite(ctx context.Context, ls []lease) {
 	held := map[int]bool{}
 	for _, l := range ls {
@@ -669,7 +698,7 @@ func (wk *worker) foreignLargeWrite(ctx context.Context, ls []lease) {
 	frid := int32(f + 1)
 	tc, ut := wk.w.rowTable(rowsTC), wk.w.rowTable(rowsUT)
 	newID := `nextval('` + wk.w.schema() + `.row_id')`
-	kind := wk.rng.IntN(6)
+	kind := wk.rng.IntN(8)
 	ctx, cancel := context.WithTimeout(ctx, workerOpTimeout)
 	defer cancel()
 	wk.h.foreignTried.Add(1)
@@ -702,10 +731,19 @@ func (wk *worker) foreignLargeWrite(ctx context.Context, ls []lease) {
 				sql = `UPDATE ` + tc + ` t SET rid = $2, tok = $3 WHERE t.rid = ANY($1::int[]) RETURNING $2::int, t.rid`
 				args = []any{rids, frid, give}
 			}
-		default: // move into f, nothing registered for f
+		case 5: // move into f, nothing registered for f
 			if _, err = tx.Exec(ctx, `SELECT fence.use_token(u.r, u.t) FROM unnest($1::text[], $2::bigint[]) AS u(r, t)`, wk.w.namesOf(set), toks); err == nil {
 				sql = `UPDATE ` + ut + ` t SET rid = $2 WHERE t.rid = ANY($1::int[]) RETURNING $2::int, t.rid`
 				args = []any{rids, frid}
+			}
+		case 6: // move the rows of f and of the subset into the subset's resources, their tokens in the column: nothing for f
+			sql = `UPDATE ` + tc + ` t SET rid = u.n, tok = u.tok FROM unnest($1::int[], $2::int[], $3::bigint[]) AS u(o, n, tok)
+				WHERE t.rid = u.o RETURNING u.o, t.rid`
+			args = []any{append(slices.Clone(rids), frid), append(slices.Clone(rids), rids[0]), append(slices.Clone(toks), toks[0])}
+		default: // the same after fence.use_token of the subset
+			if _, err = tx.Exec(ctx, `SELECT fence.use_token(u.r, u.t) FROM unnest($1::text[], $2::bigint[]) AS u(r, t)`, wk.w.namesOf(set), toks); err == nil {
+				sql = `UPDATE ` + ut + ` t SET rid = u.n FROM unnest($1::int[], $2::int[]) AS u(o, n) WHERE t.rid = u.o RETURNING u.o, t.rid`
+				args = []any{append(slices.Clone(rids), frid), append(slices.Clone(rids), rids[0])}
 			}
 		}
 		if err == nil {

@@ -540,7 +540,9 @@ func (wk *worker) blindRowStatements(merge bool) []string {
 // fence.use_token of the held resource (FN002: nothing registered for the
 // row's); or to move a row of a held resource into one it does not hold
 // (after fence.use_token of the held one: the held token in the token
-// column, or nothing for the new resource). One that writes a row is a
+// column, or nothing for the new resource), or a row of a resource it does
+// not hold into a held one (the held token in the token column or
+// registered: nothing for the old resource). One that writes a row is a
 // violation.
 func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 	var others []int
@@ -555,7 +557,7 @@ func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 	l := ls[wk.rng.IntN(len(ls))]
 	rid := others[wk.rng.IntN(len(others))] + 1
 	tc, ut := wk.w.rowTable(rowsTC), wk.w.rowTable(rowsUT)
-	kind := wk.rng.IntN(5)
+	kind := wk.rng.IntN(7)
 	ctx, cancel := context.WithTimeout(ctx, workerOpTimeout)
 	defer cancel()
 	wk.h.foreignTried.Add(1)
@@ -581,6 +583,15 @@ func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 				sql = `UPDATE ` + ut + ` SET rid = $1 WHERE id = (SELECT max(id) FROM ` + ut + ` WHERE rid = $2) AND rid = $2`
 				args = append(args, l.j+1)
 			}
+		case 4: // move a row of rid into the held resource, its token in the column
+			sql = `UPDATE ` + tc + ` SET rid = $2, tok = $3 WHERE id = (SELECT max(id) FROM ` + tc + ` WHERE rid = $1) AND rid = $1`
+			args = append(args, l.j+1, l.tok)
+		case 5: // the same, the held token registered
+			if err := sqlfuncs.UseToken(ctx, tx, wk.w.resource(l.j), l.tok); err != nil {
+				return err
+			}
+			sql = `UPDATE ` + ut + ` SET rid = $2 WHERE id = (SELECT max(id) FROM ` + ut + ` WHERE rid = $1) AND rid = $1`
+			args = append(args, l.j+1)
 		default:
 			if err := sqlfuncs.UseToken(ctx, tx, wk.w.resource(l.j), l.tok); err != nil {
 				return err
