@@ -35,8 +35,9 @@ import (
 //   - delete of about one row in two to four (fence.use_token), and
 //     re-insert of rows the worker deleted, spread over the subset;
 //   - moves: the rows of the subset rotated to the next resource of the
-//     subset, or moved into one other held resource, the new resource's
-//     token in the column or through fence.use_token.
+//     subset, or moved into one other held resource (fence.use_token for
+//     the old resources; the new ones' tokens in the column or through
+//     fence.use_token).
 //
 // A quarter of the transactions of a holder of more than 16 leases are six
 // to nine statements of 9-16 resources each, which name more than 64
@@ -46,14 +47,17 @@ import (
 // the transaction, or under REPEATABLE READ); the figures count statements
 // by size and transactions by isolation level. Leases run out in the middle
 // of a transaction (pauses longer than the TTL, frozen proxies), operators
-// revoke leases that workers hold, and a holder refused (or whose renewal
-// failed) acquires the lost leases again (new tokens, where free) and goes
-// on (while a stale copy of it may write once more with the old tokens),
-// stops, or writes on with all of its old tokens as a zombie. Besides, workers try statements over their leases
-// that also write one resource they do not hold (an update, an insert, a
-// move into it; with a held resource's token in the column or with nothing
-// registered for it), one row or many: each must be refused, and is rolled
-// back whatever happens; and writes presenting no token over many
+// revoke leases that workers hold and resources that an open transaction
+// has written (preferably those it presented in the token column only,
+// which no gate of fence.use_token protects), and a holder refused (or
+// whose renewal failed) acquires the lost leases again (new tokens, where
+// free) and goes on, while a stale copy of it may write once more with the
+// old tokens; or it stops, or it writes on with all its old tokens as a
+// zombie. Besides, workers try statements over their leases that also
+// write one resource they do not hold (an update, an insert, a move into
+// it or out of it; with a held resource's token in the column or with
+// nothing registered for it), one row or many: each must be refused, and is
+// rolled back whatever happens; and writes presenting no token over many
 // resources, which must fail with FN002.
 
 // acquireBatch is the most grants a large run makes in one transaction: each

@@ -401,14 +401,22 @@ func (wk *worker) writeRows(ctx context.Context, ls []lease) event {
 	refused := stmt{}
 	err := wk.inTxIso(ctx, iso, func(ctx context.Context, tx pgx.Tx) error {
 		rt.tx = tx
+		pause := 12
+		var targets []int
+		columnBefore := map[int]bool{}
+		if wk.w.large {
+			pause = 6
+			defer wk.writing.Store(nil)
+		}
 		for i := range n {
 			wk.step(ctx)
-			if i > 0 && wk.rng.IntN(12) == 0 {
+			if i > 0 && wk.rng.IntN(pause) == 0 {
 				wk.sleep(ctx, wk.w.ttl+time.Duration(wk.rng.Int64N(int64(wk.w.ttl)))) // paused holder, transaction open
 			}
 			var kind string
 			var rows int
 			var err error
+			before := len(rt.presented)
 			if wk.w.large && (rt.smallOnly || wk.rng.IntN(3) != 0) {
 				kind, rows, err = rt.largeStatement(ctx)
 			} else {
@@ -419,6 +427,34 @@ func (wk *worker) writeRows(ctx context.Context, ls []lease) event {
 				return fmt.Errorf("%s of %d resources: %w", kind, rt.want, err)
 			}
 			done = append(done, stmt{kind, rows, rt.want})
+			if wk.w.large && len(rt.presented) > before {
+				// For the fault injector: resources presented in the token
+				// column only, where no gate of fence.use_token holds
+				// grants off and the guard's own check must; first those of
+				// statements over more than 16 resources or under
+				// REPEATABLE READ (checked through the lease rows), else
+				// any, else all.
+				var rowLocked, column []int
+				for j := range rt.presented {
+					if !rt.registered[j] {
+						column = append(column, j)
+						if !columnBefore[j] && (rt.want > 16 || iso == pgx.RepeatableRead) {
+							rowLocked = append(rowLocked, j)
+						}
+						columnBefore[j] = true
+					}
+				}
+				targets = append(targets, rowLocked...)
+				js := targets
+				if len(js) == 0 {
+					js = column
+				}
+				if len(js) == 0 {
+					js = slices.Collect(maps.Keys(rt.presented))
+				}
+				js = slices.Clone(js)
+				wk.writing.Store(&js)
+			}
 		}
 		if len(rt.presented) == 0 {
 			return errNothingWritten

@@ -302,6 +302,11 @@ type worker struct {
 	// held are the leases the worker holds in a large per-row run, for the
 	// fault injector's revokes (nil between holds).
 	held atomic.Pointer[[]lease]
+	// writing are resources (indexes) whose tokens the worker's open
+	// guarded transaction presented so far, in a large per-row run (nil
+	// outside one): those presented in the token column only, if any; for
+	// the fault injector's revokes.
+	writing atomic.Pointer[[]int]
 }
 
 // opTimeout bounds one statement of a worker: a frozen proxy holds a worker
@@ -755,20 +760,33 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 		if w.large {
 			// the lock budget: how full the lock table gets
 			var n int
-			if c := admin.get(ctx); c.QueryRow(ctx, `SELECT count(*) FROM pg_locks`).Scan(&n) == nil {
+			qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+			if c := admin.get(ctx); c.QueryRow(qctx, `SELECT count(*) FROM pg_locks`).Scan(&n) == nil {
 				maxLocks = max(maxLocks, n)
 			} else {
 				admin.reset()
 			}
+			qcancel()
 		}
 		if !w.faults || !time.Now().Before(deadline) {
 			continue
 		}
 		wk := workers[rng.IntN(len(workers))]
 		if w.large && rng.IntN(2) == 0 {
-			// Large runs: more revokes of leases that workers hold, often
-			// in the middle of their transactions.
-			if ls := wk.held.Load(); ls != nil && len(*ls) > 0 {
+			// Large runs: more revokes of leases that workers hold, and of
+			// resources that an open transaction has written (the revoke
+			// must wait for it, and give up: busy).
+			var open []int
+			for i := range workers {
+				if js := workers[(wk.id+i)%len(workers)].writing.Load(); js != nil && len(*js) > 0 {
+					open = *js
+					break
+				}
+			}
+			if len(open) > 0 && rng.IntN(3) != 0 {
+				operatorRevoke(ctx, admin, w, w.resource(open[rng.IntN(len(open))]), h)
+				faults["operator revoke of a resource an open transaction wrote"]++
+			} else if ls := wk.held.Load(); ls != nil && len(*ls) > 0 {
 				operatorRevoke(ctx, admin, w, w.resource((*ls)[rng.IntN(len(*ls))].j), h)
 				faults["operator revoke of a held lease"]++
 			}
