@@ -195,8 +195,11 @@ func (f *figures) log(t *testing.T, what string) {
 	for _, k := range slices.Sorted(maps.Keys(f.refusals)) {
 		rs = append(rs, fmt.Sprintf("%s %d", k, f.refusals[k]))
 	}
-	t.Logf("%s, per-row transactions: %s; refused with %s; most locks in pg_locks at one sample %d",
-		what, f.stmtLine(f.txKinds), strings.Join(rs, ", "), f.maxLocks)
+	locks := ""
+	if f.maxLocks > 0 {
+		locks = fmt.Sprintf("; most locks in pg_locks at one sample %d", f.maxLocks)
+	}
+	t.Logf("%s, per-row transactions: %s; refused with %s%s", what, f.stmtLine(f.txKinds), strings.Join(rs, ", "), locks)
 }
 
 // stmtLine is one line of statement figures, in the order of their keys.
