@@ -84,16 +84,6 @@ type resTok struct {
 	tok int64
 }
 
-// tokenOf is the token tx presented for res, if any.
-func (tx txRec) tokenOf(res string) (int64, bool) {
-	for _, p := range tx.toks {
-		if p.res == res {
-			return p.tok, true
-		}
-	}
-	return 0, false
-}
-
 // rowWrite is one row a guarded statement of a per-row run wrote, as the
 // statement returned it (RETURNING), logged in the same transaction.
 type rowWrite struct {
@@ -409,6 +399,21 @@ func checkRows(st dbState, fail func(format string, args ...any)) {
 	}
 	slices.SortFunc(order[1:], func(a, b int64) int { return cmp.Compare(st.txs[a].seq, st.txs[b].seq) })
 
+	// the tokens each transaction presented, by resource (large runs
+	// present hundreds)
+	presented := map[int64]map[string]int64{}
+	tokenOf := func(id int64, res string) (int64, bool) {
+		m, ok := presented[id]
+		if !ok {
+			m = map[string]int64{}
+			for _, p := range st.txs[id].toks {
+				m[p.res] = p.tok
+			}
+			presented[id] = m
+		}
+		tok, ok := m[res]
+		return tok, ok
+	}
 	model := map[string]map[int64]rowRec{}
 	for tbl := range st.rows {
 		model[tbl] = map[int64]rowRec{}
@@ -429,12 +434,12 @@ func checkRows(st dbState, fail func(format string, args ...any)) {
 						continue
 					}
 					res := st.rowResource(rid)
-					if _, ok := tx.tokenOf(res); !ok {
+					if _, ok := tokenOf(id, res); !ok {
 						fail("%s: transaction %d (#%d) wrote row %d of %s (%s) without presenting a token of %s", res, id, tx.seq, w.id, w.tbl, w.op, res)
 					}
 				}
 				if w.op != rowDelete && w.tok != 0 {
-					if tok, ok := tx.tokenOf(st.rowResource(w.newRid)); ok && tok != w.tok {
+					if tok, ok := tokenOf(id, st.rowResource(w.newRid)); ok && tok != w.tok {
 						fail("%s: transaction %d wrote row %d of %s with token %d in its token column, but presented %d",
 							st.rowResource(w.newRid), id, w.id, w.tbl, w.tok, tok)
 					}

@@ -32,8 +32,11 @@
 //     proxies, a fault injector that terminates sessions, freezes, revokes
 //     and crashes the server) whose history checker_test.go judges; each
 //     checker is shown to catch planted violations and unguarded tables.
-//     Replay and long runs: PGFENCE_CHECK_SEED, PGFENCE_CHECK_DURATION,
-//     PGFENCE_CHECK_RUN;
+//     Per-row variants: history_rows_test.go (6 resources, one or two held
+//     at once) and history_large_test.go (600 resources, up to 300 held at
+//     once, statements over 1-300 of them and moves between them, under
+//     READ COMMITTED and REPEATABLE READ). Replay and long runs:
+//     PGFENCE_CHECK_SEED, PGFENCE_CHECK_DURATION, PGFENCE_CHECK_RUN;
 //   - load_test.go: sustained load through gofence with connection churn
 //     (PGFENCE_LOAD_DURATION), checking the errors, the lease table's size
 //     and the client's heap;

@@ -64,7 +64,12 @@ const (
 
 // seedRows is the number of rows per resource each per-row table starts
 // with.
-const seedRows = 3
+func (w workload) seedRows() int {
+	if w.large {
+		return 4
+	}
+	return 3
+}
 
 // rowRef names a row of a per-row table.
 type rowRef struct {
@@ -85,12 +90,14 @@ func setupRows(t *testing.T, ctx context.Context, conn *pgx.Conn, w workload) {
 	t.Helper()
 	s := w.schema()
 	tc, ut := w.rowTable(rowsTC), w.rowTable(rowsUT)
+	seedRows := w.seedRows()
 	stmts := []string{
-		`CREATE SEQUENCE ` + s + `.row_id START 1000`,
+		fmt.Sprintf(`CREATE SEQUENCE %s.row_id START %d`, s, 1000+seedRows*w.resources),
 		`CREATE TABLE ` + tc + ` (id bigint PRIMARY KEY, rid int NOT NULL, tok bigint, txid bigint NOT NULL, note int NOT NULL DEFAULT 0)`,
 		`CREATE TABLE ` + ut + ` (id bigint PRIMARY KEY, rid int NOT NULL, txid bigint NOT NULL, note int NOT NULL DEFAULT 0)`,
 		`CREATE TABLE ` + s + `.wlog (ord bigserial PRIMARY KEY, txid bigint NOT NULL, tbl text NOT NULL, op text NOT NULL,
 			id bigint NOT NULL, old_rid int NOT NULL, new_rid int NOT NULL, tok bigint NOT NULL)`,
+		`CREATE INDEX ON ` + s + `.wlog (txid)`,
 		fmt.Sprintf(`INSERT INTO %s (id, rid, txid) SELECT i, (i - 1) %% %d + 1, 0 FROM generate_series(1, %d) i`, tc, w.resources, seedRows*w.resources),
 		fmt.Sprintf(`INSERT INTO %s (id, rid, txid) SELECT i, (i - 1) %% %d + 1, 0 FROM generate_series(1, %d) i`, ut, w.resources, seedRows*w.resources),
 		`INSERT INTO ` + s + `.wlog (txid, tbl, op, id, old_rid, new_rid, tok)
@@ -168,6 +175,15 @@ type rowTx struct {
 	// deleted are the rows it deleted; reinserted those it took from the
 	// worker's deleted rows and inserted again.
 	deleted, reinserted []rowRef
+	// want is the number of resources the statement being built is to
+	// write (for the figures by size).
+	want int
+	// tokOf is the token of each lease of ls, by resource index.
+	tokOf map[int]int64
+	// smallOnly: the large statements of this transaction are over 9-16
+	// resources each, and there are six to nine of them, so that they name
+	// more than 64 resources in all (a large run).
+	smallOnly bool
 }
 
 // use registers l's token with fence.use_token (once per transaction).
@@ -220,11 +236,9 @@ func (rt *rowTx) exec(ctx context.Context, tbl, op string, column bool, sql stri
 	if column {
 		for _, n := range news {
 			j := int(n) - 1
-			for _, l := range rt.ls {
-				if l.j == j {
-					if _, ok := rt.presented[j]; !ok {
-						rt.presented[j] = l.tok
-					}
+			if tok, ok := rt.tokOf[j]; ok {
+				if _, ok := rt.presented[j]; !ok {
+					rt.presented[j] = tok
 				}
 			}
 		}
@@ -267,12 +281,17 @@ func (rt *rowTx) statement(ctx context.Context) (string, int, error) {
 	if r >= 14 && r < 16 && len(wk.deleted) == 0 {
 		r = 8 // nothing to re-insert: insert
 	}
+	rt.want = 1
+	if r >= 16 {
+		rt.want = 2
+	}
 	switch {
 	case r < 5: // update, token column, one held resource or all
 		sel := []lease{l}
 		if rng.IntN(2) == 0 {
 			sel = rt.ls
 		}
+		rt.want = len(sel)
 		var rids []int32
 		var toks []int64
 		for _, x := range sel {
@@ -356,27 +375,86 @@ func (rt *rowTx) statement(ctx context.Context) (string, int, error) {
 // longer than the TTL between them, and last the log row with the tokens
 // it presented and the commit-order number.
 func (wk *worker) writeRows(ctx context.Context, ls []lease) event {
-	rt := &rowTx{wk: wk, txid: wk.h.txid.Add(1), ls: ls, presented: map[int]int64{}, registered: map[int]bool{}}
+	rt := &rowTx{wk: wk, txid: wk.h.txid.Add(1), ls: ls, presented: map[int]int64{}, registered: map[int]bool{}, tokOf: map[int]int64{}}
+	for _, l := range ls {
+		rt.tokOf[l.j] = l.tok
+	}
 	n := 1 + wk.rng.IntN(3)
+	if wk.w.large {
+		n = 1 + wk.rng.IntN(6)
+		if len(ls) > 16 && wk.rng.IntN(4) == 0 {
+			rt.smallOnly, n = true, 6+wk.rng.IntN(4)
+		}
+	}
+	// Half the transactions run under REPEATABLE READ, where the guards
+	// check lease rows that may have changed since the snapshot.
+	iso, isoName := pgx.ReadCommitted, "read committed"
+	if wk.rng.IntN(2) == 0 {
+		iso, isoName = pgx.RepeatableRead, "repeatable read"
+	}
 	type stmt struct {
 		kind string
 		rows int
+		want int
 	}
 	var done []stmt
-	refusedKind := ""
-	err := wk.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	refused := stmt{}
+	err := wk.inTxIso(ctx, iso, func(ctx context.Context, tx pgx.Tx) error {
 		rt.tx = tx
+		pause := 12
+		var targets []int
+		columnBefore := map[int]bool{}
+		if wk.w.large {
+			pause = 6
+			defer wk.writing.Store(nil)
+		}
 		for i := range n {
 			wk.step(ctx)
-			if i > 0 && wk.rng.IntN(12) == 0 {
+			if i > 0 && wk.rng.IntN(pause) == 0 {
 				wk.sleep(ctx, wk.w.ttl+time.Duration(wk.rng.Int64N(int64(wk.w.ttl)))) // paused holder, transaction open
 			}
-			kind, rows, err := rt.statement(ctx)
-			if err != nil {
-				refusedKind = kind
-				return err
+			var kind string
+			var rows int
+			var err error
+			before := len(rt.presented)
+			if wk.w.large && (rt.smallOnly || wk.rng.IntN(3) != 0) {
+				kind, rows, err = rt.largeStatement(ctx)
+			} else {
+				kind, rows, err = rt.statement(ctx)
 			}
-			done = append(done, stmt{kind, rows})
+			if err != nil {
+				refused = stmt{kind, 0, rt.want}
+				return fmt.Errorf("%s of %d resources: %w", kind, rt.want, err)
+			}
+			done = append(done, stmt{kind, rows, rt.want})
+			if wk.w.large && len(rt.presented) > before {
+				// For the fault injector: resources presented in the token
+				// column only, where no gate of fence.use_token holds
+				// grants off and the guard's own check must; first those of
+				// statements over more than 16 resources or under
+				// REPEATABLE READ (checked through the lease rows), else
+				// any, else all.
+				var rowLocked, column []int
+				for j := range rt.presented {
+					if !rt.registered[j] {
+						column = append(column, j)
+						if !columnBefore[j] && (rt.want > 16 || iso == pgx.RepeatableRead) {
+							rowLocked = append(rowLocked, j)
+						}
+						columnBefore[j] = true
+					}
+				}
+				targets = append(targets, rowLocked...)
+				js := targets
+				if len(js) == 0 {
+					js = column
+				}
+				if len(js) == 0 {
+					js = slices.Collect(maps.Keys(rt.presented))
+				}
+				js = slices.Clone(js)
+				wk.writing.Store(&js)
+			}
 		}
 		if len(rt.presented) == 0 {
 			return errNothingWritten
@@ -409,29 +487,63 @@ func (wk *worker) writeRows(ctx context.Context, ls []lease) event {
 	if wk.h.stmts == nil {
 		wk.h.stmts = map[string]stmtFigures{}
 	}
-	count := func(kind string, f func(*stmtFigures)) {
-		m := wk.h.stmts[kind]
-		f(&m)
-		wk.h.stmts[kind] = m
+	if wk.h.sizes == nil {
+		wk.h.sizes, wk.h.txKinds, wk.h.refusals = map[string]stmtFigures{}, map[string]stmtFigures{}, map[string]int{}
 	}
+	count := func(m map[string]stmtFigures, key string, rows int, refusedHere bool) {
+		x := m[key]
+		x.tried++
+		if e.out == outOK {
+			x.committed++
+			x.rows += rows
+		}
+		if refusedHere && e.out == outRefused {
+			x.refused++
+		}
+		m[key] = x
+	}
+	// gated: resources named by statements of at most 16 resources each,
+	// which the per-row guard of migration 008 checks under shared gates
+	// while the transaction holds at most 64 of them
+	gated, total := 0, 0
 	for _, d := range done {
-		count(d.kind, func(m *stmtFigures) {
-			m.tried++
-			if e.out == outOK {
-				m.committed++
-				m.rows += d.rows
-			}
-		})
+		count(wk.h.stmts, d.kind, d.rows, false)
+		count(wk.h.sizes, sizeBucket(d.want), d.rows, false)
+		total += d.rows
+		if d.want <= 16 {
+			gated += d.want
+		}
 	}
-	if refusedKind != "" {
-		count(refusedKind, func(m *stmtFigures) {
-			m.tried++
-			if e.out == outRefused {
-				m.refused++
-			}
-		})
+	if refused.kind != "" {
+		count(wk.h.stmts, refused.kind, 0, true)
+		count(wk.h.sizes, sizeBucket(refused.want), 0, true)
+	}
+	if e.out != outNone {
+		count(wk.h.txKinds, isoName, total, true)
+		if gated > 64 {
+			count(wk.h.txKinds, "more than 64 resources in statements of at most 16", total, true)
+		}
+	}
+	if e.out == outRefused {
+		wk.h.refusals[e.code]++
 	}
 	return e
+}
+
+// sizeBucket names the size class of a statement that is to write the rows
+// of n resources: the per-row guard takes shared gates for at most 16 and
+// locks lease rows beyond; 64 is its gate budget per transaction.
+func sizeBucket(n int) string {
+	switch {
+	case n <= 1:
+		return "1 resource"
+	case n <= 16:
+		return "2-16 resources"
+	case n <= 64:
+		return "17-64 resources"
+	default:
+		return "65-300 resources"
+	}
 }
 
 // blindRowStatements are the writes presenting no token of a per-row run,
@@ -462,7 +574,12 @@ func (wk *worker) blindRowStatements(merge bool) []string {
 // token column of an UPDATE or INSERT (FN001, or FN003 when the token is
 // newer than the other resource's or it was never granted), or through
 // fence.use_token of the held resource (FN002: nothing registered for the
-// row's). One that writes a row is a violation.
+// row's); or to move a row of a held resource into one it does not hold
+// (after fence.use_token of the held one: the held token in the token
+// column, or nothing for the new resource), or a row of a resource it does
+// not hold into a held one (the held token in the token column or
+// registered: nothing for the old resource). One that writes a row is a
+// violation.
 func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 	var others []int
 	for k := range wk.w.resources {
@@ -476,7 +593,7 @@ func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 	l := ls[wk.rng.IntN(len(ls))]
 	rid := others[wk.rng.IntN(len(others))] + 1
 	tc, ut := wk.w.rowTable(rowsTC), wk.w.rowTable(rowsUT)
-	kind := wk.rng.IntN(3)
+	kind := wk.rng.IntN(7)
 	ctx, cancel := context.WithTimeout(ctx, workerOpTimeout)
 	defer cancel()
 	wk.h.foreignTried.Add(1)
@@ -491,6 +608,26 @@ func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 		case 1:
 			sql = `INSERT INTO ` + tc + ` (id, rid, tok, txid) VALUES (nextval('` + wk.w.schema() + `.row_id'), $1, $2, -1)`
 			args = append(args, l.tok)
+		case 2, 3: // move a row of the held resource into rid
+			if err := sqlfuncs.UseToken(ctx, tx, wk.w.resource(l.j), l.tok); err != nil {
+				return err
+			}
+			if kind == 2 {
+				sql = `UPDATE ` + tc + ` SET rid = $1, tok = $2 WHERE id = (SELECT max(id) FROM ` + tc + ` WHERE rid = $3) AND rid = $3`
+				args = append(args, l.tok, l.j+1)
+			} else {
+				sql = `UPDATE ` + ut + ` SET rid = $1 WHERE id = (SELECT max(id) FROM ` + ut + ` WHERE rid = $2) AND rid = $2`
+				args = append(args, l.j+1)
+			}
+		case 4: // move a row of rid into the held resource, its token in the column
+			sql = `UPDATE ` + tc + ` SET rid = $2, tok = $3 WHERE id = (SELECT max(id) FROM ` + tc + ` WHERE rid = $1) AND rid = $1`
+			args = append(args, l.j+1, l.tok)
+		case 5: // the same, the held token registered
+			if err := sqlfuncs.UseToken(ctx, tx, wk.w.resource(l.j), l.tok); err != nil {
+				return err
+			}
+			sql = `UPDATE ` + ut + ` SET rid = $2 WHERE id = (SELECT max(id) FROM ` + ut + ` WHERE rid = $1) AND rid = $1`
+			args = append(args, l.j+1)
 		default:
 			if err := sqlfuncs.UseToken(ctx, tx, wk.w.resource(l.j), l.tok); err != nil {
 				return err
@@ -509,6 +646,8 @@ func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 		wk.drop()
 	case code == sqlfuncs.CodeStaleToken || code == sqlfuncs.CodeNoToken || code == sqlfuncs.CodeUnknownToken:
 		wk.h.foreignRefused.Add(1)
+	case wk.w.expectedCode(code): // a deadlock with the holder of the other resource
+		wk.h.foreignRefused.Add(1)
 	default:
 		wk.unexpected("write presenting another resource's token", err)
 	}
@@ -524,7 +663,7 @@ func (wk *worker) foreignWrite(ctx context.Context, ls []lease) {
 // final tables.
 func TestRandomizedHistoryPerRow(t *testing.T) {
 	t.Parallel()
-	randomizedHistory(t, true)
+	randomizedHistory(t, perRow)
 }
 
 // TestHistoryCheckerCatchesUnguardedRows runs the per-row workload on
@@ -533,5 +672,5 @@ func TestRandomizedHistoryPerRow(t *testing.T) {
 func TestHistoryCheckerCatchesUnguardedRows(t *testing.T) {
 	pgtest.Long(t, "the randomized per-row workload (the checker's control)")
 	t.Parallel()
-	catchesUnguarded(t, true)
+	catchesUnguarded(t, perRow)
 }

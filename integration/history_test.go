@@ -62,10 +62,14 @@ type workload struct {
 	// unguarded is the deliberately broken variant: the tables are not
 	// protected, so stale writes commit and the checker must say so.
 	unguarded bool
-	// rows is the per-row variant (rows_test.go): the resources are rows of
-	// two tables protected with fence.protect_rows, and a worker may hold
-	// two leases at once.
+	// rows is the per-row variant (history_rows_test.go): the resources are
+	// rows of two tables protected with fence.protect_rows, and a worker may
+	// hold two leases at once.
 	rows bool
+	// large is the per-row variant with many resources
+	// (history_large_test.go): a worker holds up to 300 leases at once and
+	// writes them with statements over up to all of them. rows is true too.
+	large bool
 }
 
 func (w workload) schema() string { return fmt.Sprintf("h%d", w.run) }
@@ -96,10 +100,19 @@ type figures struct {
 	foreignTried, foreignRefused, foreignCommitted int
 	deadlocks                                      int // guarded transactions refused with 40P01
 	stmts                                          map[string]stmtFigures
-	faults                                         map[string]int
-	exclusionPairs                                 int
-	violations                                     []string
-	unexpected                                     []string
+	// per-row runs: the guarded statements by the number of resources they
+	// were to write, the guarded transactions by isolation level (and those
+	// whose statements of at most 16 resources named more than 64 in all),
+	// and the SQLSTATEs of the refused ones
+	sizes, txKinds map[string]stmtFigures
+	refusals       map[string]int
+	// large runs: the most locks in the server's lock table (pg_locks) at
+	// one sample, the fault injector's, of every run
+	maxLocks       int
+	faults         map[string]int
+	exclusionPairs int
+	violations     []string
+	unexpected     []string
 }
 
 func (f *figures) add(o figures) {
@@ -127,22 +140,21 @@ func (f *figures) add(o figures) {
 	f.foreignCommitted += o.foreignCommitted
 	f.deadlocks += o.deadlocks
 	f.exclusionPairs += o.exclusionPairs
+	f.maxLocks = max(f.maxLocks, o.maxLocks)
 	if f.faults == nil {
 		f.faults = map[string]int{}
 	}
 	for k, n := range o.faults {
 		f.faults[k] += n
 	}
-	if f.stmts == nil {
-		f.stmts = map[string]stmtFigures{}
+	f.stmts = addStmtFigures(f.stmts, o.stmts)
+	f.sizes = addStmtFigures(f.sizes, o.sizes)
+	f.txKinds = addStmtFigures(f.txKinds, o.txKinds)
+	if f.refusals == nil {
+		f.refusals = map[string]int{}
 	}
-	for k, n := range o.stmts {
-		m := f.stmts[k]
-		m.tried += n.tried
-		m.refused += n.refused
-		m.committed += n.committed
-		m.rows += n.rows
-		f.stmts[k] = m
+	for k, n := range o.refusals {
+		f.refusals[k] += n
 	}
 	f.violations = append(f.violations, o.violations...)
 	f.unexpected = append(f.unexpected, o.unexpected...)
@@ -175,14 +187,45 @@ func (f *figures) log(t *testing.T, what string) {
 	if len(f.stmts) == 0 && f.foreignTried == 0 {
 		return
 	}
+	t.Logf("%s, per-row statements: %s; writes presenting another resource's token (or none of it) %d, refused %d, accepted %d; "+
+		"guarded transactions refused with a deadlock %d",
+		what, f.stmtLine(f.stmts), f.foreignTried, f.foreignRefused, f.foreignCommitted, f.deadlocks)
+	t.Logf("%s, per-row statements by the resources they were to write: %s", what, f.stmtLine(f.sizes))
+	var rs []string
+	for _, k := range slices.Sorted(maps.Keys(f.refusals)) {
+		rs = append(rs, fmt.Sprintf("%s %d", k, f.refusals[k]))
+	}
+	locks := ""
+	if f.maxLocks > 0 {
+		locks = fmt.Sprintf("; most locks in pg_locks at one sample %d", f.maxLocks)
+	}
+	t.Logf("%s, per-row transactions: %s; refused with %s%s", what, f.stmtLine(f.txKinds), strings.Join(rs, ", "), locks)
+}
+
+// stmtLine is one line of statement figures, in the order of their keys.
+func (f *figures) stmtLine(m map[string]stmtFigures) string {
 	var ks []string
-	for _, k := range slices.Sorted(maps.Keys(f.stmts)) {
-		n := f.stmts[k]
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		n := m[k]
 		ks = append(ks, fmt.Sprintf("%s: tried %d, refused %d, committed %d (%d rows)", k, n.tried, n.refused, n.committed, n.rows))
 	}
-	t.Logf("%s, per-row statements: %s; writes presenting another resource's token %d, refused %d, committed %d; "+
-		"guarded transactions refused with a deadlock %d",
-		what, strings.Join(ks, "; "), f.foreignTried, f.foreignRefused, f.foreignCommitted, f.deadlocks)
+	return strings.Join(ks, "; ")
+}
+
+// addStmtFigures adds the counts of o to m (made when nil) and returns m.
+func addStmtFigures(m, o map[string]stmtFigures) map[string]stmtFigures {
+	if m == nil {
+		m = map[string]stmtFigures{}
+	}
+	for k, n := range o {
+		x := m[k]
+		x.tried += n.tried
+		x.refused += n.refused
+		x.committed += n.committed
+		x.rows += n.rows
+		m[k] = x
+	}
+	return m
 }
 
 // stmtFigures count the guarded statements of one kind in a per-row run:
@@ -202,9 +245,11 @@ type history struct {
 	// FN002, and committed (each one a violation)
 	blindTried, blindRefused, blindCommitted atomic.Int64
 	// per-row runs: writes presenting the token of a resource the worker
-	// does not hold (foreignWrite), and statements by kind (under mu)
+	// does not hold (foreignWrite), and statements by kind, statements by
+	// size, transactions by kind, refusals by SQLSTATE (under mu)
 	foreignTried, foreignRefused, foreignCommitted atomic.Int64
-	stmts                                          map[string]stmtFigures
+	stmts, sizes, txKinds                          map[string]stmtFigures
+	refusals                                       map[string]int
 }
 
 func (h *history) add(e event) {
@@ -232,9 +277,13 @@ func outcome(err error) (out, code string) {
 // also a deadlock (40P01): a zombie's first statement on a resource's rows
 // locks some of them before its check refuses it, and the new holder's
 // statement over the same rows may have locked others first; PostgreSQL
-// rolls one back, which is safe (the zombie's would fail anyway).
+// rolls one back, which is safe (the zombie's would fail anyway). And a
+// serialization failure (40001): per-row transactions also run under
+// REPEATABLE READ, where the check of a lease row that a grant (or a
+// revoke) changed after the transaction's snapshot fails so, instead of
+// with FN001.
 func (w workload) expectedCode(code string) bool {
-	return code == sqlfuncs.CodeStaleToken || (w.rows && code == "40P01")
+	return code == sqlfuncs.CodeStaleToken || (w.rows && (code == "40P01" || code == "40001"))
 }
 
 // worker is one client.
@@ -253,6 +302,14 @@ type worker struct {
 	// deleted are rows this worker deleted (per-row runs), to insert again
 	// under the same id; no other worker uses them.
 	deleted []rowRef
+	// held are the leases the worker holds in a large per-row run, for the
+	// fault injector's revokes (nil between holds).
+	held atomic.Pointer[[]lease]
+	// writing are resources (indexes) whose tokens the worker's open
+	// guarded transaction presented so far, in a large per-row run (nil
+	// outside one): those presented in the token column only, if any; for
+	// the fault injector's revokes.
+	writing atomic.Pointer[[]int]
 }
 
 // opTimeout bounds one statement of a worker: a frozen proxy holds a worker
@@ -334,12 +391,17 @@ func (wk *worker) finish(e event, err error) event {
 // inTx runs fn in a transaction on the worker's session; the error is the
 // first failure, the commit's included.
 func (wk *worker) inTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return wk.inTxIso(ctx, pgx.ReadCommitted, fn)
+}
+
+// inTxIso is inTx at isolation level iso.
+func (wk *worker) inTxIso(ctx context.Context, iso pgx.TxIsoLevel, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if wk.conn == nil {
 		return errNoSession
 	}
 	ctx, cancel := context.WithTimeout(ctx, workerOpTimeout)
 	defer cancel()
-	tx, err := wk.conn.Begin(ctx)
+	tx, err := wk.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		return err
 	}
@@ -498,6 +560,9 @@ func (wk *worker) blindWrite(ctx context.Context, j int) {
 	var stmts []string
 	if wk.w.rows {
 		stmts = wk.blindRowStatements(merge)
+		if wk.w.large {
+			stmts = append(stmts, wk.largeBlindStatements()...)
+		}
 	} else {
 		tc, ut := wk.w.table("tc", j), wk.w.table("ut", j)
 		stmts = []string{
@@ -520,6 +585,9 @@ func (wk *worker) blindWrite(ctx context.Context, j int) {
 		wk.drop()
 	case code == sqlfuncs.CodeNoToken:
 		wk.h.blindRefused.Add(1)
+	case wk.w.rows && code == "40P01":
+		// a deadlock with a holder over the rows of many resources: rolled
+		// back before the guard had its say (not counted as refused)
 	default:
 		wk.unexpected("write presenting no token", err)
 	}
@@ -539,6 +607,10 @@ func (wk *worker) loop(ctx context.Context) {
 			return
 		}
 		wk.step(ctx)
+		if wk.w.large {
+			wk.largeRound(ctx)
+			continue
+		}
 		j := wk.rng.IntN(wk.w.resources)
 		l, granted := wk.acquireOrWait(ctx, j)
 		if !granted {
@@ -658,6 +730,12 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 	t.Logf("run %d: seed %d (replay with %s=%d), %d workers, %d resources, ttl %s, %s, faults %v, crash %v, unguarded %v",
 		w.run, w.seed, envCheckSeed, w.seed, w.workers, w.resources, w.ttl, w.duration, w.faults, w.crash != nil, w.unguarded)
 	admin := newAdmin(t, ctx, tg.url)
+	if w.large {
+		// Large statements must fit the default lock table.
+		var locks string
+		require.NoError(t, admin.get(ctx).QueryRow(ctx, `SHOW max_locks_per_transaction`).Scan(&locks))
+		require.Equal(t, "64", locks, "the large run is meant for the default max_locks_per_transaction")
+	}
 	setupRun(t, ctx, admin.get(ctx), w)
 
 	h := &history{}
@@ -679,12 +757,43 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 	lastCrash := time.Now()
 	crashGap := max(w.duration/3, 2*time.Second)
 	crashed := false
+	maxLocks := 0
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(min(time.Duration(50+rng.IntN(300))*time.Millisecond, time.Until(deadline)+time.Millisecond))
+		if w.large {
+			// the lock budget: how full the lock table gets
+			var n int
+			qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+			if c := admin.get(ctx); c.QueryRow(qctx, `SELECT count(*) FROM pg_locks`).Scan(&n) == nil {
+				maxLocks = max(maxLocks, n)
+			} else {
+				admin.reset()
+			}
+			qcancel()
+		}
 		if !w.faults || !time.Now().Before(deadline) {
 			continue
 		}
 		wk := workers[rng.IntN(len(workers))]
+		if w.large && rng.IntN(2) == 0 {
+			// Large runs: more revokes of leases that workers hold, and of
+			// resources that an open transaction has written (the revoke
+			// must wait for it, and give up: busy).
+			var open []int
+			for i := range workers {
+				if js := workers[(wk.id+i)%len(workers)].writing.Load(); js != nil && len(*js) > 0 {
+					open = *js
+					break
+				}
+			}
+			if len(open) > 0 && rng.IntN(3) != 0 {
+				operatorRevoke(ctx, admin, w, w.resource(open[rng.IntN(len(open))]), h)
+				faults["operator revoke of a resource an open transaction wrote"]++
+			} else if ls := wk.held.Load(); ls != nil && len(*ls) > 0 {
+				operatorRevoke(ctx, admin, w, w.resource((*ls)[rng.IntN(len(*ls))].j), h)
+				faults["operator revoke of a held lease"]++
+			}
+		}
 		switch r := rng.IntN(20); {
 		case r < 5:
 			if pid := wk.pid.Load(); pid != 0 {
@@ -749,17 +858,17 @@ func runWorkload(t *testing.T, ctx context.Context, tg target, w workload) figur
 	h.mu.Unlock()
 	res := checkHistory(events, st)
 
-	f := figures{runs: 1, ops: len(events), faults: faults, exclusionPairs: res.exclusionPairs,
+	f := figures{runs: 1, ops: len(events), faults: faults, exclusionPairs: res.exclusionPairs, maxLocks: maxLocks,
 		staleRefused: res.staleRefused, staleCommitted: res.staleCommitted, violations: res.violations,
 		reconnects: int(h.reconnects.Load()), zombieWrites: int(h.zombie.Load()), vanished: int(h.vanished.Load()),
 		blindTried: int(h.blindTried.Load()), blindRefused: int(h.blindRefused.Load()), blindCommitted: int(h.blindCommitted.Load()),
 		foreignTried: int(h.foreignTried.Load()), foreignRefused: int(h.foreignRefused.Load()), foreignCommitted: int(h.foreignCommitted.Load()),
-		stmts: maps.Clone(h.stmts)}
+		stmts: maps.Clone(h.stmts), sizes: maps.Clone(h.sizes), txKinds: maps.Clone(h.txKinds), refusals: maps.Clone(h.refusals)}
 	if f.blindCommitted > 0 {
 		res.violations = append(res.violations, fmt.Sprintf("%d writes that presented no token committed", f.blindCommitted))
 	}
 	if f.foreignCommitted > 0 {
-		res.violations = append(res.violations, fmt.Sprintf("%d writes that presented the token of another resource committed", f.foreignCommitted))
+		res.violations = append(res.violations, fmt.Sprintf("%d writes that presented the token of another resource (or none of it) were accepted", f.foreignCommitted))
 	}
 	f.violations = res.violations
 	for _, wk := range workers {
@@ -1036,13 +1145,53 @@ func checkEnv(t *testing.T, short time.Duration) (seed uint64, total, perRun tim
 // ...).
 func TestRandomizedHistory(t *testing.T) {
 	t.Parallel()
-	randomizedHistory(t, false)
+	randomizedHistory(t, tableWide)
 }
 
-// randomizedHistory is TestRandomizedHistory, table-wide or per row
-// (TestRandomizedHistoryPerRow).
-func randomizedHistory(t *testing.T, rows bool) {
-	seed, total, perRun := checkEnv(t, 4*time.Second)
+// historyKind is a variant of the randomized workload.
+type historyKind int
+
+const (
+	tableWide   historyKind = iota // tables protected with fence.protect (history_test.go)
+	perRow                         // 6 per-row resources, one or two held at once (history_rows_test.go)
+	perRowLarge                    // 600 per-row resources, up to 300 held at once (history_large_test.go)
+)
+
+// workload is the run of kind k with the given seed, number and length;
+// unguarded runs (the checker's controls) have more contention: fewer
+// resources, fewer workers, shorter TTLs.
+func (k historyKind) workload(seed uint64, run int, d time.Duration, unguarded bool) workload {
+	w := workload{seed: seed + uint64(run), run: run, workers: 5, resources: 3, duration: d,
+		ttl: 150 * time.Millisecond, faults: true, rows: k != tableWide, large: k == perRowLarge, unguarded: unguarded}
+	switch {
+	case k == perRow && unguarded:
+		w.resources = 3
+	case k == perRow:
+		w.resources = 6
+	case k == perRowLarge && unguarded:
+		w.resources, w.ttl = 120, 250*time.Millisecond
+	case k == perRowLarge:
+		w.resources, w.ttl = 600, 300*time.Millisecond
+	case unguarded:
+		w.resources = 1
+	}
+	if unguarded {
+		w.workers = 4
+		if k != perRowLarge {
+			w.ttl = 60 * time.Millisecond
+		}
+	}
+	return w
+}
+
+// randomizedHistory is TestRandomizedHistory of kind k (also
+// TestRandomizedHistoryPerRow, TestRandomizedHistoryLargeStatements).
+func randomizedHistory(t *testing.T, k historyKind) {
+	short := 4 * time.Second
+	if k == perRowLarge {
+		short = 8 * time.Second
+	}
+	seed, total, perRun := checkEnv(t, short)
 	ctx, cancel := context.WithTimeout(t.Context(), total+5*time.Minute)
 	defer cancel()
 	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
@@ -1050,19 +1199,17 @@ func randomizedHistory(t *testing.T, rows bool) {
 		c.Stop(t, "immediate")
 		c.Start(t)
 	}
-	resources := 3
-	if rows {
-		resources = 6
-	}
 	var all figures
 	start := time.Now()
 	for run := 0; run == 0 || time.Since(start)+perRun <= total; run++ {
-		w := workload{seed: seed + uint64(run), run: run, workers: 5, resources: resources, duration: perRun,
-			ttl: 150 * time.Millisecond, faults: true, crash: crash, rows: rows}
+		w := k.workload(seed, run, perRun, false)
+		w.crash = crash
+		runStart := time.Now()
 		f := runWorkload(t, ctx, target{url: c.URL(), crash: crash}, w)
-		f.log(t, fmt.Sprintf("run %d (seed %d)", run, w.seed))
+		f.log(t, fmt.Sprintf("run %d (seed %d, %s with the checks)", run, w.seed, time.Since(runStart).Round(time.Millisecond)))
 		all.add(f)
 		if len(f.violations) > 0 || len(f.unexpected) > 0 {
+			t.Logf("run %d failed: replay with %s=%d", run, envCheckSeed, w.seed)
 			break
 		}
 	}
@@ -1070,7 +1217,7 @@ func randomizedHistory(t *testing.T, rows bool) {
 	for _, u := range all.unexpected {
 		t.Errorf("unexpected error: %s", u)
 	}
-	require.Empty(t, all.violations, "the checker found violations; replay with %s", envCheckSeed)
+	require.Empty(t, all.violations, "the checker found violations; replay with %s (the failed run's seed is logged above; base seed %d)", envCheckSeed, seed)
 	require.Positive(t, all.writesCommitted, "the workload did no work")
 }
 
@@ -1081,25 +1228,20 @@ func randomizedHistory(t *testing.T, rows bool) {
 func TestHistoryCheckerCatchesUnguardedTables(t *testing.T) {
 	pgtest.Long(t, "the randomized workload (the checker's control)")
 	t.Parallel()
-	catchesUnguarded(t, false)
+	catchesUnguarded(t, tableWide)
 }
 
-// catchesUnguarded is TestHistoryCheckerCatchesUnguardedTables, table-wide
-// or per row (TestHistoryCheckerCatchesUnguardedRows).
-func catchesUnguarded(t *testing.T, rows bool) {
+// catchesUnguarded is TestHistoryCheckerCatchesUnguardedTables of kind k
+// (also TestHistoryCheckerCatchesUnguardedRows,
+// TestHistoryCheckerCatchesUnguardedLargeStatements).
+func catchesUnguarded(t *testing.T, k historyKind) {
 	seed, _, _ := checkEnv(t, 0)
 	db := pgtest.Setup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	resources := 1
-	if rows {
-		resources = 3
-	}
 	var f figures
 	for run := 0; run < 5 && f.staleCommitted == 0; run++ {
-		w := workload{seed: seed + uint64(run), run: run, workers: 4, resources: resources, duration: 2 * time.Second,
-			ttl: 60 * time.Millisecond, faults: true, unguarded: true, rows: rows}
-		f.add(runWorkload(t, ctx, target{url: db.URL}, w))
+		f.add(runWorkload(t, ctx, target{url: db.URL}, k.workload(seed, run, 2*time.Second, true)))
 	}
 	f.log(t, "unguarded")
 	require.Positive(t, f.staleCommitted, "the checker did not notice stale writes on unguarded tables")
