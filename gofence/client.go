@@ -45,14 +45,14 @@ type Config struct {
 	// that failed with a transient error. Default min(1s, RenewInterval/4).
 	RetryInterval time.Duration
 
-	// PollInterval is how often AcquireWait asks again while it waits, whatever the
-	// notifications say (they can be lost, and poolers such as PgBouncer in
-	// transaction mode block LISTEN). Each wait is jittered by ±25%, and
+	// PollInterval is how often a waiting Acquire (LeaseOptions.Wait) asks
+	// again while it waits, whatever the notifications say (they can be
+	// lost, and poolers such as PgBouncer in transaction mode block LISTEN). Each wait is jittered by ±25%, and
 	// shortened to the held lease's expiry when that comes sooner.
 	// Default 1s.
 	PollInterval time.Duration
 
-	// DisableNotify turns off LISTEN/NOTIFY: AcquireWait then relies on polling only.
+	// DisableNotify turns off LISTEN/NOTIFY: waiters then rely on polling only.
 	DisableNotify bool
 
 	// ReleaseOnClose makes Close release every lease the client still holds,
@@ -77,7 +77,7 @@ type Config struct {
 type Client struct {
 	pool  *pgxpool.Pool
 	cfg   Config // with the defaults filled in
-	given Config // as the caller set it, to derive per-lease timings (WithTTL)
+	given Config // as the caller set it, to derive per-lease timings (LeaseOptions.TTL)
 	log   *slog.Logger
 
 	installed atomic.Bool
@@ -92,6 +92,7 @@ type Client struct {
 	// Close waits for them. stop (made on first use) ends when Close stops
 	// waiting: the calls then give up what they still wait for.
 	inflight sync.WaitGroup
+	pending  atomic.Int64 // the calls that inflight counts, for Close to tell whether it cut any off
 	stop     context.Context
 	stopAll  context.CancelFunc
 }
@@ -124,7 +125,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 }
 
 // leaseTimings are the settings of one lease: the Client's, or those of the
-// call's options (WithHolder, WithTTL).
+// call's LeaseOptions (Holder, TTL).
 type leaseTimings struct {
 	holder                    string
 	ttl, renew, margin, retry time.Duration
@@ -133,7 +134,8 @@ type leaseTimings struct {
 // timings fills in the defaults of a lease with the given TTL (0: the
 // default 30s) from the caller's config, and validates them. The timings
 // derived from the TTL (TTL/3, TTL/10, ...) follow it unless the config set
-// them; field prefixes the names in errors ("Config." or "WithTTL: Config.").
+// them; field prefixes the names in errors ("Config." or
+// "LeaseOptions.TTL: Config.").
 func timings(given Config, holder string, ttl time.Duration, field string) (leaseTimings, error) {
 	t := leaseTimings{holder: holder, ttl: cmp.Or(ttl, 30*time.Second)}
 	t.renew = cmp.Or(given.RenewInterval, t.ttl/3)
@@ -155,63 +157,61 @@ func timings(given Config, holder string, ttl time.Duration, field string) (leas
 	return t, nil
 }
 
-// LeaseOption sets something of one lease, instead of the Client's Config:
-// pass it to Acquire, AcquireWait, AcquireSession or AcquireSessionWait, so that one
-// Client (one pool, one LISTEN connection) serves differently named workers
-// and different TTLs.
-type LeaseOption func(*leaseOptions)
+// LeaseOptions says how one call takes its lease. Acquire, Do and Elect
+// all take it (nil gives the defaults: a TTL lease under the Client's
+// Config, tried once), so that one Client (one pool, one LISTEN connection)
+// serves differently named workers, different TTLs, waiting and
+// non-waiting callers, TTL and session leases.
+type LeaseOptions struct {
+	// Wait makes the call wait until the lease is granted, or ctx is done,
+	// instead of trying once (a held resource then gives an error matching
+	// ErrHeld, a busy one ErrBusy). A waiter is woken by the NOTIFY that
+	// fence.release and fence.revoke send and asks again every
+	// PollInterval (jittered), or when the held lease expires by the
+	// server's clock, whichever comes first. Elect always waits: campaigning
+	// is waiting.
+	Wait bool
 
-type leaseOptions struct {
-	holder string
-	ttl    time.Duration
+	// Session takes a session lease: one bound to a dedicated connection
+	// taken out of the pool, with no TTL, that lives until Release or until
+	// that connection breaks (fence.acquire_session). It refuses a pool
+	// behind a connection pooler (ErrPooledSession) and a TTL.
+	Session bool
+
+	// Holder names the holder of this lease in fence.leases instead of
+	// Config.Holder (up to 255 characters). Default: the Client's.
+	Holder string
+
+	// TTL is the TTL of this lease instead of Config.TTL (10ms to 24h). Its
+	// renewal interval, safety margin and retry interval follow from it as
+	// the defaults do from Config.TTL (TTL/3, TTL/10, min(1s, TTL/12)),
+	// except those that the Config set explicitly, which must fit this TTL.
+	// Zero keeps Config.TTL. Session leases have no TTL and refuse it.
+	TTL time.Duration
 }
 
-// WithHolder names the holder of this lease in fence.leases, instead of
-// Config.Holder (up to 255 characters).
-func WithHolder(name string) LeaseOption {
-	return func(o *leaseOptions) { o.holder = name }
-}
-
-// WithTTL sets the TTL of this lease, instead of Config.TTL (10ms to 24h).
-// Its renewal interval, safety margin and retry interval follow from it as
-// the defaults do from Config.TTL (TTL/3, TTL/10, min(1s, TTL/12)), except
-// those that the Config set explicitly, which must fit this TTL. WithTTL(0)
-// keeps Config.TTL. Session leases have no TTL and refuse it.
-func WithTTL(ttl time.Duration) LeaseOption {
-	return func(o *leaseOptions) { o.ttl = ttl }
-}
-
-// sessionTimings returns the settings of a session lease taken with opts:
-// the Client's, with the holder of WithHolder; WithTTL is refused.
-func (c *Client) sessionTimings(opts []LeaseOption) (leaseTimings, error) {
-	var o leaseOptions
-	for _, opt := range opts {
-		opt(&o)
+// leaseTimings returns the options (zero for nil) and the settings of a
+// lease taken with them.
+func (c *Client) leaseTimings(opts *LeaseOptions) (LeaseOptions, leaseTimings, error) {
+	var o LeaseOptions
+	if opts != nil {
+		o = *opts
 	}
-	if o.ttl != 0 {
-		return leaseTimings{}, errors.New("pgfence: WithTTL does not apply to a session lease: it lives as long as its connection")
-	}
-	return c.leaseTimings(opts)
-}
-
-// leaseTimings returns the settings of a lease taken with opts.
-func (c *Client) leaseTimings(opts []LeaseOption) (leaseTimings, error) {
-	var o leaseOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	holder := cmp.Or(o.holder, c.cfg.Holder)
-	if o.ttl == 0 {
+	holder := cmp.Or(o.Holder, c.cfg.Holder)
+	switch {
+	case o.Session && o.TTL != 0:
+		return o, leaseTimings{}, errors.New("pgfence: LeaseOptions.TTL does not apply to a session lease (LeaseOptions.Session): it lives as long as its connection")
+	case o.TTL == 0:
 		t := leaseTimings{holder: holder, ttl: c.cfg.TTL, renew: c.cfg.RenewInterval, margin: c.cfg.SafetyMargin, retry: c.cfg.RetryInterval}
 		if len(holder) > 255 {
-			return t, fmt.Errorf("pgfence: WithHolder: the name is %d bytes; the limit is 255 characters", len(holder))
+			return o, t, fmt.Errorf("pgfence: LeaseOptions.Holder: the name is %d bytes; the limit is 255 characters", len(holder))
 		}
-		return t, nil
+		return o, t, nil
+	case o.TTL < 10*time.Millisecond || o.TTL > 24*time.Hour:
+		return o, leaseTimings{}, fmt.Errorf("pgfence: LeaseOptions.TTL %s is out of range: use 10ms to 24h", o.TTL)
 	}
-	if o.ttl < 10*time.Millisecond || o.ttl > 24*time.Hour {
-		return leaseTimings{}, fmt.Errorf("pgfence: WithTTL %s is out of range: use 10ms to 24h", o.ttl)
-	}
-	return timings(c.given, holder, o.ttl, "WithTTL: Config.")
+	t, err := timings(c.given, holder, o.TTL, "LeaseOptions.TTL: Config.")
+	return o, t, err
 }
 
 // defaultHolder is host/pid/random: unique per process instance, and still
@@ -232,36 +232,32 @@ func (c *Client) Holder() string { return c.cfg.Holder }
 // Config returns the client's configuration with the defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// closeTimeout bounds how long Close waits for the acquires in flight, and
-// each release that Close makes (ReleaseOnClose).
-const closeTimeout = 5 * time.Second
-
-// Close stops the client: from its start, Acquire, AcquireWait,
-// AcquireSession and AcquireSessionWait return ErrClosed. It first waits for
-// the acquires already in flight, so that none can grant a lease after
-// Close returned: a grant that comes back during Close is given back at once
-// (those calls return ErrClosed). That wait is bounded (5s): an acquire still
-// waiting for the server then is cut off; if its request reaches the server
-// after all, the lease it grants is nobody's and ends at its TTL. With
+// Close stops the client: from its start, Acquire (and so Do and Elect)
+// returns ErrClosed. It first waits for the acquires already in flight, so
+// that none can grant a lease after Close returned: a grant that comes back
+// during Close is given back at once (those calls return ErrClosed). That
+// wait lasts as long as ctx allows: when ctx ends first, the acquires still
+// waiting for the server are cut off (they return at once), Close reports
+// it in its error, and if such a request reaches the server after all, the
+// lease it grants is nobody's and ends at its TTL. With
 // Config.ReleaseOnClose, Close then releases every lease the client still
-// holds (they end with ErrReleased; each release is bounded by 5s, and one
-// that cannot reach the server leaves its lease to expire at its TTL).
-// Without it, leases already granted are the caller's: they keep renewing
-// until released or lost (release them first, or use Do or Elect, which
-// release). Last, Close stops the background listener. Close is idempotent.
-func (c *Client) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-	defer cancel()
-	c.shutdown(ctx)
-}
-
-// shutdown is Close with its wait for the acquires in flight bounded by ctx.
-func (c *Client) shutdown(ctx context.Context) {
+// holds, under ctx too: they end with ErrReleased, and one whose release
+// cannot reach the server in time stops renewing and ends on the server at
+// its TTL (Close's error names it). Without ReleaseOnClose, leases already
+// granted are the caller's: they keep renewing until released or lost
+// (release them first, or use Do or Elect, which release). Last, Close
+// stops the background listener. Pass a ctx with a deadline: Close waits
+// for nothing else. Close is idempotent; its error is nil when everything
+// it waited for ended in time.
+func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	c.closed = true
 	n := c.notify
 	c.mu.Unlock()
-	c.waitInflight(ctx)
+	var errs []error
+	if err := c.waitInflight(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	var held []*Lease
 	if c.cfg.ReleaseOnClose {
 		c.mu.Lock()
@@ -271,12 +267,14 @@ func (c *Client) shutdown(ctx context.Context) {
 		c.mu.Unlock()
 	}
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	for _, l := range held {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-			defer cancel()
 			if err := l.Release(ctx); err != nil {
 				c.log.Warn("pgfence: release at Close failed; the lease ends at its expiry", "resource", l.resource, "error", err.Error())
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("pgfence: Close: %w", err))
+				mu.Unlock()
 			}
 		})
 	}
@@ -284,12 +282,17 @@ func (c *Client) shutdown(ctx context.Context) {
 	if n != nil {
 		n.close()
 	}
+	return errors.Join(errs...)
 }
 
 // waitInflight waits until no call can grant a lease any more, or until
 // ctx is done: then it stops the calls still in flight (each gives up what
-// it waits for, which its context bounds too) and waits for them to return.
-func (c *Client) waitInflight(ctx context.Context) {
+// it waits for at once) and waits for them to return, and says so in its
+// error.
+func (c *Client) waitInflight(ctx context.Context) error {
+	if c.pending.Load() == 0 {
+		return nil // closed is set: no call can begin any more
+	}
 	idle := make(chan struct{})
 	go func() {
 		c.inflight.Wait()
@@ -297,8 +300,11 @@ func (c *Client) waitInflight(ctx context.Context) {
 	}()
 	select {
 	case <-idle:
-		return
+		return nil
 	case <-ctx.Done():
+		if c.pending.Load() == 0 {
+			return nil // they ended as ctx did
+		}
 	}
 	c.mu.Lock()
 	if c.stopAll != nil {
@@ -307,6 +313,7 @@ func (c *Client) waitInflight(ctx context.Context) {
 	c.mu.Unlock()
 	c.log.Warn("pgfence: Close stopped acquires that the server did not answer in time; a grant that reaches the server later is nobody's and ends at its TTL")
 	<-idle
+	return fmt.Errorf("pgfence: Close stopped acquires that the server did not answer in time (a grant that reaches the server later is nobody's and ends at its TTL): %w", context.Cause(ctx))
 }
 
 // call is one acquire in flight, which Close waits for (Client.begin).
@@ -331,11 +338,17 @@ func (c *Client) begin() (call, error) {
 		c.stop, c.stopAll = context.WithCancel(context.Background())
 	}
 	c.inflight.Add(1)
+	c.pending.Add(1)
 	return call{stop: c.stop, once: new(sync.Once), c: c}, nil
 }
 
 // done ends the call (once; later calls do nothing).
-func (k call) done() { k.once.Do(k.c.inflight.Done) }
+func (k call) done() {
+	k.once.Do(func() {
+		k.c.pending.Add(-1)
+		k.c.inflight.Done()
+	})
+}
 
 // ensureInstalled is Client.ensureInstalled, also cut off when Close stops
 // waiting.

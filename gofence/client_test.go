@@ -13,19 +13,20 @@ import (
 )
 
 // One Client serves two named workers with their own TTLs: the holder and
-// the TTL are per call, not only per Client.
+// the TTL are per call, not only per Client, and Acquire, Do and Elect take
+// them (and refuse bad ones) in the same LeaseOptions.
 func TestPerCallHolderAndTTL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{Holder: "default", TTL: time.Minute})
 
-	one, err := c.Acquire(b.ctx, "a", gofence.WithHolder("worker-1"), gofence.WithTTL(5*time.Second))
+	one, err := c.Acquire(b.ctx, "a", &gofence.LeaseOptions{Holder: "worker-1", TTL: 5 * time.Second})
 	require.NoError(t, err)
 	defer one.Release(b.ctx)
-	two, err := c.AcquireWait(b.ctx, "b", gofence.WithHolder("worker-2"))
+	two, err := c.Acquire(b.ctx, "b", &gofence.LeaseOptions{Wait: true, Holder: "worker-2"})
 	require.NoError(t, err)
 	defer two.Release(b.ctx)
-	plain, err := c.Acquire(b.ctx, "c")
+	plain, err := c.Acquire(b.ctx, "c", nil)
 	require.NoError(t, err)
 	defer plain.Release(b.ctx)
 
@@ -43,46 +44,61 @@ func TestPerCallHolderAndTTL(t *testing.T) {
 		require.LessOrEqual(t, time.Until(tc.lease.TrustDeadline()), tc.ttl, "the local trust deadline follows the lease's TTL")
 	}
 
-	err = c.Do(b.ctx, "d", &gofence.DoOptions{Holder: "worker-3", TTL: 2 * time.Second}, func(ctx context.Context, l *gofence.Lease) error {
-		require.Equal(t, "worker-3", l.Holder())
+	var holder string
+	err = c.Do(b.ctx, "d", &gofence.LeaseOptions{Holder: "worker-3", TTL: 2 * time.Second}, func(ctx context.Context, l *gofence.Lease) error {
+		holder = l.Holder()
 		return nil
 	})
 	require.NoError(t, err)
+	require.Equal(t, "worker-3", holder)
+	err = c.Elect(b.ctx, "leader", &gofence.LeaseOptions{Holder: "worker-4", TTL: 2 * time.Second}, func(ctx context.Context, l *gofence.Lease) error {
+		holder = l.Holder()
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, "worker-4", holder)
 
-	for name, opts := range map[string][]gofence.LeaseOption{
-		"ttl too short":   {gofence.WithTTL(time.Millisecond)},
-		"ttl too long":    {gofence.WithTTL(25 * time.Hour)},
-		"holder too long": {gofence.WithHolder(strings.Repeat("x", 256))},
+	for name, opts := range map[string]*gofence.LeaseOptions{
+		"ttl too short":         {TTL: time.Millisecond},
+		"ttl too long":          {TTL: 25 * time.Hour},
+		"holder too long":       {Holder: strings.Repeat("x", 256)},
+		"a session has no ttl":  {Session: true, TTL: time.Second},
+		"waiting, ttl too long": {Wait: true, TTL: 25 * time.Hour},
 	} {
-		_, err := c.Acquire(b.ctx, "e", opts...)
-		require.Error(t, err, name)
+		_, err := c.Acquire(b.ctx, "e", opts)
+		require.ErrorContains(t, err, "LeaseOptions.", name)
+		ran := false
+		err = c.Do(b.ctx, "e", opts, func(context.Context, *gofence.Lease) error { ran = true; return nil })
+		require.ErrorContains(t, err, "LeaseOptions.", name)
+		err = c.Elect(b.ctx, "e", opts, func(context.Context, *gofence.Lease) error { ran = true; return nil })
+		require.ErrorContains(t, err, "LeaseOptions.", name)
+		require.False(t, ran, name)
 	}
-	_, err = c.AcquireSession(b.ctx, "e", gofence.WithTTL(time.Second))
-	require.Error(t, err, "a session lease has no TTL")
+	require.False(t, b.serverLive(t, "e"))
 
 	// A Config that set its intervals explicitly must fit a per-call TTL.
 	fixed := b.client(t, nil, gofence.Config{TTL: time.Minute, RenewInterval: 20 * time.Second})
-	_, err = fixed.Acquire(b.ctx, "f", gofence.WithTTL(10*time.Second))
+	_, err = fixed.Acquire(b.ctx, "f", &gofence.LeaseOptions{TTL: 10 * time.Second})
 	require.Error(t, err, "RenewInterval 20s does not fit a 10s TTL")
 }
 
-// AcquireSessionWait waits for a session lease as AcquireWait waits for a TTL lease.
-func TestLockSessionWaitsForTheHolder(t *testing.T) {
+// A waiting Acquire of a session lease waits as one of a TTL lease does.
+func TestWaitingForASessionLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{PollInterval: 20 * time.Millisecond})
-	first, err := c.AcquireSession(b.ctx, "job", gofence.WithHolder("first"))
+	first, err := c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Session: true, Holder: "first"})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(b.ctx)
 	cancel()
-	_, err = c.AcquireSessionWait(ctx, "job")
+	_, err = c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true, Session: true})
 	require.ErrorIs(t, err, context.Canceled, "a waiter gives up with its context")
 
 	got := make(chan *gofence.Lease, 1)
 	errs := make(chan error, 1)
 	go func() {
-		l, err := c.AcquireSessionWait(b.ctx, "job", gofence.WithHolder("second"))
+		l, err := c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true, Session: true, Holder: "second"})
 		if err != nil {
 			errs <- err
 			return
@@ -119,26 +135,26 @@ func TestInstallCheckHonoursEachCallersCtx(t *testing.T) {
 
 	first, cancelFirst := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancelFirst()
-	go func() { _, _ = c.Acquire(first, "job") }()
+	go func() { _, _ = c.Acquire(first, "job", nil) }()
 	time.Sleep(200 * time.Millisecond)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := c.Acquire(ctx, "other")
+	_, err := c.Acquire(ctx, "other", nil)
 	require.Error(t, err)
 	require.Less(t, time.Since(start), time.Second, "Acquire did not honour its ctx (200ms)")
 }
 
-// Close and AcquireWait may run at the same time: no data race (run with -race),
-// and the notifier that AcquireWait creates is stopped. (Close used to read
-// c.notify without synchronisation while AcquireWait created it; when Close won,
-// the notifier AcquireWait created afterwards was never stopped.)
-func TestCloseDoesNotRaceWithLock(t *testing.T) {
+// Close and a waiting Acquire may run at the same time: no data race (run
+// with -race), and the notifier that the waiter creates is stopped. (Close
+// used to read c.notify without synchronisation while the waiter (then
+// AcquireWait) created it; when Close won, the notifier created afterwards was never stopped.)
+func TestCloseDoesNotRaceWithAWaiter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	holder := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
-	l, err := holder.Acquire(b.ctx, "job")
+	l, err := holder.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
 	for range 5 {
@@ -146,10 +162,10 @@ func TestCloseDoesNotRaceWithLock(t *testing.T) {
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
 		done := make(chan struct{})
-		go func() { defer close(done); _, _ = c.AcquireWait(ctx, "job") }()
-		c.Close()
+		go func() { defer close(done); _, _ = c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true}) }()
+		require.NoError(t, c.Close(b.ctx))
 		<-done
 		cancel()
-		c.Close()
+		require.NoError(t, c.Close(b.ctx))
 	}
 }

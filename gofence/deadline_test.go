@@ -61,8 +61,8 @@ func poll(t *testing.T, what string, cond func() bool) {
 
 // A grant whose reply arrives after the lease's local trust deadline (the
 // request's send time + TTL - SafetyMargin) is never handed over as a live
-// lease: Acquire, AcquireWait, Do and Elect give it back at once and say
-// why. (Acquire used to return it, with Err() nil past its TrustDeadline,
+// lease: Acquire (waiting or not), Do and Elect give it back at once and
+// say why. (Acquire used to return it, with Err() nil past its TrustDeadline,
 // and Elect ran fn under it while another candidate could already lead.)
 func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 	t.Parallel()
@@ -91,7 +91,7 @@ func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 		b := setup(t)
 		a, proxy := b.slowClient(t, cfg)
 		proxy.Delay(pgtest.ToClient, delay)
-		l, err := a.Acquire(b.ctx, "job")
+		l, err := a.Acquire(b.ctx, "job", nil)
 		if err == nil {
 			defer l.Release(b.ctx)
 			t.Fatalf("Acquire returned a lease %s past its trust deadline (Err: %v)", time.Since(l.TrustDeadline()), l.Err())
@@ -100,15 +100,15 @@ func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 		requireGivenBack(t, b, err)
 	})
 
-	t.Run("AcquireWait", func(t *testing.T) {
+	t.Run("Acquire, waiting", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		a, proxy := b.slowClient(t, cfg)
 		proxy.Delay(pgtest.ToClient, delay)
-		l, err := a.AcquireWait(b.ctx, "job")
+		l, err := a.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 		if err == nil {
 			defer l.Release(b.ctx)
-			t.Fatalf("AcquireWait returned a lease %s past its trust deadline (Err: %v)", time.Since(l.TrustDeadline()), l.Err())
+			t.Fatalf("a waiting Acquire returned a lease %s past its trust deadline (Err: %v)", time.Since(l.TrustDeadline()), l.Err())
 		}
 		requireGivenBack(t, b, err)
 	})
@@ -118,7 +118,7 @@ func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 		b := setup(t)
 		a, proxy := b.slowClient(t, cfg)
 		proxy.Delay(pgtest.ToClient, delay)
-		err := a.Do(b.ctx, "job", &gofence.DoOptions{NoWait: true}, func(ctx context.Context, l *gofence.Lease) error {
+		err := a.Do(b.ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
 			t.Errorf("fn ran %s past the trust deadline (ctx.Err: %v)", time.Since(l.TrustDeadline()), ctx.Err())
 			return nil
 		})
@@ -135,7 +135,7 @@ func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 		var ran atomic.Bool
 		done := make(chan error, 1)
 		go func() {
-			done <- a.Elect(ctx, "job", &gofence.ElectOptions{Backoff: 50 * time.Millisecond}, func(ctx context.Context, l *gofence.Lease) error {
+			done <- a.Elect(ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
 				ran.Store(true)
 				t.Errorf("fn ran %s past the trust deadline (ctx.Err: %v)", time.Since(l.TrustDeadline()), ctx.Err())
 				return nil
@@ -174,11 +174,11 @@ func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 		}
 		got := make(chan result, 1)
 		go func() {
-			l, err := a.Acquire(b.ctx, "job")
+			l, err := a.Acquire(b.ctx, "job", nil)
 			got <- result{l, err}
 		}()
 		poll(t, "A granted on the server", func() bool { return b.serverLive(t, "job") })
-		l2, err := other.AcquireWait(b.ctx, "job") // at the server's expiry of A's grant
+		l2, err := other.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true}) // at the server's expiry of A's grant
 		require.NoError(t, err)
 		defer l2.Release(b.ctx)
 		r := <-got
@@ -203,7 +203,7 @@ func TestGrantAnsweredAfterTheTrustDeadline(t *testing.T) {
 func TestGrantWhoseCallerLeftIsGivenBack(t *testing.T) {
 	t.Parallel()
 	const ttl = 5 * time.Second
-	for _, via := range []string{"AcquireWait", "Elect"} {
+	for _, via := range []string{"Acquire, waiting", "Elect"} {
 		t.Run(via, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
@@ -219,8 +219,8 @@ func TestGrantWhoseCallerLeftIsGivenBack(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				switch via {
-				case "AcquireWait":
-					l, err := a.AcquireWait(ctx, "job")
+				case "Acquire, waiting":
+					l, err := a.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
 					if err == nil {
 						ran.Store(true)
 						_ = l.Release(b.ctx)
@@ -246,7 +246,7 @@ func TestGrantWhoseCallerLeftIsGivenBack(t *testing.T) {
 			}
 			require.False(t, ran.Load())
 
-			l2, err := next.AcquireWait(b.ctx, "job")
+			l2, err := next.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 			require.NoError(t, err)
 			defer l2.Release(b.ctx)
 			row := b.lease(t, "job")
@@ -314,7 +314,7 @@ func TestPausedHolderSeesTheLossAtItsFirstLook(t *testing.T) {
 			for round := range 5 {
 				resource := fmt.Sprintf("paused-%d", round)
 				rep := pauseHolder(t, b, mode, resource, func() time.Time {
-					l, err := other.AcquireWait(b.ctx, resource)
+					l, err := other.Acquire(b.ctx, resource, &gofence.LeaseOptions{Wait: true})
 					require.NoError(t, err)
 					defer l.Release(b.ctx)
 					return b.lease(t, resource).AcquiredAt
@@ -407,7 +407,7 @@ func TestPausedHolderChild(t *testing.T) {
 	defer pool.Close()
 	c, err := gofence.New(pool, &gofence.Config{Holder: "A", TTL: time.Second, RenewInterval: 300 * time.Millisecond, SafetyMargin: 100 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
-	defer c.Close()
+	defer c.Close(ctx)
 
 	report := func(rep pausedReport) {
 		b, err := json.Marshal(rep)
@@ -416,7 +416,7 @@ func TestPausedHolderChild(t *testing.T) {
 	}
 	switch mode {
 	case "lease":
-		l, err := c.Acquire(ctx, resource)
+		l, err := c.Acquire(ctx, resource, nil)
 		require.NoError(t, err)
 		defer l.Release(ctx)
 		report(watchLease(l, l.Context(), nil))

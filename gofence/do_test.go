@@ -18,7 +18,7 @@ func TestDoReleasesWhenTheParentContextIsCancelled(t *testing.T) {
 	started := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Do(ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
+		done <- c.Do(ctx, "job", &gofence.LeaseOptions{Wait: true}, func(ctx context.Context, l *gofence.Lease) error {
 			if err := write(ctx, l, b.db.Pool, "do"); err != nil {
 				return err
 			}
@@ -38,10 +38,10 @@ func TestDoNoWaitOnAHeldResource(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
-	err = c.Do(b.ctx, "job", &gofence.DoOptions{NoWait: true}, func(context.Context, *gofence.Lease) error {
+	err = c.Do(b.ctx, "job", nil, func(context.Context, *gofence.Lease) error {
 		t.Fatal("ran without the lease")
 		return nil
 	})
@@ -58,7 +58,7 @@ func TestDoReleasesWhenFnPanics(t *testing.T) {
 	c := b.client(t, nil, gofence.Config{TTL: 300 * time.Millisecond})
 	func() {
 		defer func() { _ = recover() }()
-		_ = c.Do(b.ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
+		_ = c.Do(b.ctx, "job", &gofence.LeaseOptions{Wait: true}, func(ctx context.Context, l *gofence.Lease) error {
 			panic("handler bug")
 		})
 	}()

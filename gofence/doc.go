@@ -1,7 +1,7 @@
 // Package gofence is the Go side of pgfence: leases with fencing tokens that
 // PostgreSQL itself enforces, over pgx v5. It applies the kit's migrations,
 // hands out leases, keeps them alive, says when they are lost, waits for a
-// lock without hammering the database, runs transactions under a token and
+// lease without hammering the database, runs transactions under a token and
 // elects leaders. It reaches the SQL functions of schema fence only through
 // package sqlfuncs.
 //
@@ -29,7 +29,7 @@
 //     is told it lost the lease before anyone else can be granted it, even
 //     if the database never answers again. The margin covers the difference
 //     in rate over one TTL. In particular:
-//   - Acquire, AcquireWait, Do and Elect compare the clock with the deadline
+//   - Acquire (waiting or not), Do and Elect compare the clock with the deadline
 //     before they hand a lease over. A grant whose reply came after it (a
 //     slow network, a server that answered late) is given back at once, and
 //     the call returns an error matching ErrLost that says why; Do and Elect
@@ -55,7 +55,7 @@
 //
 // # Lease states
 //
-//	            Acquire / AcquireWait
+//	                 Acquire
 //	                  |
 //	                  v
 //	   +-------->  held  ---- Release ----> released (Err: ErrReleased)
@@ -69,9 +69,10 @@
 //
 // A lost lease stays lost; Release after loss returns nil. Release is
 // bounded by its context, also while another Release of the same lease is
-// still trying. Client.Close waits (at most 5s) for the acquires in flight,
-// so that none grants a lease after Close returned; a grant that comes back
-// during Close is given back. With Config.ReleaseOnClose, Client.Close then
+// still trying. Client.Close waits (as long as its context allows) for the
+// acquires in flight, so that none grants a lease after Close returned; a
+// grant that comes back during Close is given back. With
+// Config.ReleaseOnClose, Client.Close then
 // releases every lease still held (they end with ErrReleased), so a closed
 // client leaves nothing that renews itself; by default leases are the
 // caller's and outlive Close.
@@ -107,60 +108,84 @@
 // since everything it would log also reaches the caller (Lease.Done and
 // Lease.Err, returned errors).
 //
-// # Per-lease settings
+// # One way to take a lease
 //
-// The Config of a Client holds the defaults; WithHolder and WithTTL set the
-// holder name and the TTL of one lease (Acquire, AcquireWait, AcquireSession,
-// AcquireSessionWait; DoOptions and ElectOptions have the same fields), so one
-// Client, with one pool and one LISTEN connection, serves workers of several
-// names. A per-lease TTL brings its own renewal interval, safety margin and
-// retry interval (TTL/3, TTL/10, min(1s, TTL/12)) unless the Config set them.
+// Every call that takes a lease takes the same *LeaseOptions (nil gives the
+// defaults): Acquire returns the lease, Do runs a function under it and
+// releases it, Elect does that in a loop for a leader. Its fields are
+// independent of each other and mean the same in all three: Wait (wait for
+// the lease instead of trying once), Session (a session lease instead of a
+// TTL lease), Holder and TTL (instead of the Config's). So one Client, with
+// one pool and one LISTEN connection, serves workers of several names, TTLs
+// and kinds. A per-lease TTL brings its own renewal interval, safety margin
+// and retry interval (TTL/3, TTL/10, min(1s, TTL/12)) unless the Config set
+// them.
 //
-// # Waiting for a lock
+// Elect has no options of its own: it always waits (a campaign is a wait,
+// so it ignores Wait), and after a failed campaign it pauses for the
+// Client's PollInterval, the interval at which a waiter asks again anyway.
+// A separate ElectOptions with a Backoff would have repeated Holder and TTL
+// for one pause that nobody needed to set apart from PollInterval; one
+// struct keeps every call that takes a lease spelled the same way.
 //
-// AcquireWait keeps one LISTEN connection per Client on the channel fence_release,
-// on which fence.release and fence.revoke announce the freed resource. A
-// waiter registers before it tries, so a release between its try and its
-// wait is not missed; after a reconnect of the listener every waiter tries
-// again, since notifications sent meanwhile are lost. AcquireSessionWait waits for
-// a session lease the same way, but mostly by polling: fence.acquire_session
-// has no way to ask the holder's release for a notification.
+// A call that does not get the lease says why with its error: ErrHeld (a
+// *HeldError that names the live holder, its token and expiry) when another
+// lease holds the resource; ErrBusy when nobody holds it but the previous
+// holder's guarded transaction is still open, so that no new token can be
+// granted yet (try again soon; Wait waits through both); ErrClosed after
+// Close; ErrLost for a grant whose reply came after its trust deadline.
+//
+// # Waiting for a lease
+//
+// With Wait, a Client keeps one LISTEN connection on the channel
+// fence_release, on which fence.release and fence.revoke announce the freed
+// resource. A waiter registers before it tries, so a release between its
+// try and its wait is not missed; after a reconnect of the listener every
+// waiter tries again, since notifications sent meanwhile are lost. A waiter
+// for a session lease waits the same way, but mostly by polling:
+// fence.acquire_session has no way to ask the holder's release for a
+// notification.
 //
 // # Fenced transactions
 //
-// Lease.Tx begins a transaction and registers the token with
-// fence.use_token in the same round trip, so every statement of the
-// function on a protected table is fenced, whether the table carries its
-// token in a column or not. Errors keep the *pgconn.PgError reachable with
-// errors.As. The transaction is rolled back in a defer with a context that
-// is not cancelled, so neither a cancelled caller nor a panic in the function
-// leaves it open (an open guarded transaction holds the resource's gate, and
-// the next grant would wait for it). Lease.UseToken does the same for a
-// transaction the caller already has (a job queue's pgx.Tx), taking the
-// small interface DB (Exec and QueryRow) that pgx types and their wrappers
-// satisfy.
+// There is one transaction helper, Tx, taking what pgx.BeginFunc takes (a
+// Beginner: a pool, a connection or a pgx.Tx) with the function last, and
+// its options in a *TxOptions: the leases that fence the transaction and
+// pgx's transaction options. Lease.Tx is Tx under one lease. Tx begins a
+// transaction and registers the tokens with fence.use_token in the same
+// round trip (in a savepoint, when given a pgx.Tx), so every statement of
+// the function on a protected table is fenced, whether the table carries
+// its token in a column or not. Errors keep the *pgconn.PgError reachable
+// with errors.As. The transaction is rolled back in a defer with a context
+// that is not cancelled, so neither a cancelled caller nor a panic in the
+// function leaves it open (an open guarded transaction holds the resource's
+// gate, and the next grant would wait for it). Lease.UseToken and UseTokens
+// do the same for a transaction the caller already has and commits itself
+// (a job queue's pgx.Tx), taking the small interface DB (Exec and QueryRow)
+// that pgx types and their wrappers satisfy.
 //
-// Both take further leases as trailing arguments, for a transaction that
-// writes rows of several resources (a table protected per row with
-// Client.ProtectRows, or several protected tables): every token is
-// registered in the same statement, in the order of the resource names, so
-// that two transactions over the same resources take their gates in the
-// same order (a grant waiting between them cannot join two such
-// transactions in a lock cycle). A stale lease among them fails the
-// transaction before the function runs; a row whose resource's lease was
-// not passed fails its statement with ErrNoToken. A nil lease, and two
+// Several leases fence a transaction that writes rows of several resources
+// (a table protected per row with Client.ProtectRows, or several protected
+// tables): every token is registered in the same statement, in the order of
+// the resource names, so that two transactions over the same resources take
+// their gates in the same order (a grant waiting between them cannot join
+// two such transactions in a lock cycle). A stale lease among them fails
+// the transaction before the function runs; a row whose resource's lease
+// was not passed fails its statement with ErrNoToken. A nil lease, and two
 // different leases on one resource (at most one of them can be current),
 // are refused before anything is sent; a lease passed twice counts once.
 //
 // # Leader election
 //
-// Elect is AcquireWait, then the function under the lease, then Release, in a loop:
-// a leader whose lease is lost sees its context end (its Err and Done say so
-// from the trust deadline on, so before another candidate can be elected)
-// and campaigns again. The lease token is the term number. Cancelling
+// Elect is a waiting Acquire, then the function under the lease, then
+// Release, in a loop: a leader whose lease is lost sees its context end
+// (its Err and Done say so from the trust deadline on, so before another
+// candidate can be elected) and campaigns again. The lease token is the term number. Cancelling
 // Elect's context steps down and releases, so the next leader is elected at
 // once, not after a TTL; that holds also when the context ends while a
 // grant of this candidate is on its way (it is given back when it comes).
+// Who leads now is Client.LeaseOf(name) with Live true: there is no
+// separate call for it.
 //
 // # Migrations
 //

@@ -84,9 +84,9 @@ func TestElection(t *testing.T) {
 	}
 
 	first := waitElected()
-	info, err := observer.Leader(b.ctx, "leader")
+	info, ok, err := observer.LeaseOf(b.ctx, "leader")
 	require.NoError(t, err)
-	require.True(t, info.Live)
+	require.True(t, ok && info.Live)
 	require.Equal(t, first, info.Holder)
 
 	// Partition the leader from the database: it must give up leadership
@@ -120,7 +120,8 @@ func TestElection(t *testing.T) {
 			"%s (term %d) still led at %s when %s (term %d) started at %s", prev.who, prev.token, prev.end, next.who, next.token, next.start)
 		t.Logf("%s -> %s: gap %s", prev.who, next.who, next.start.Sub(prev.end))
 	}
-	info, err = observer.Leader(b.ctx, "leader")
+	info, ok, err = observer.LeaseOf(b.ctx, "leader")
 	require.NoError(t, err)
+	require.True(t, ok)
 	require.False(t, info.Live, "the last leader stepped down")
 }

@@ -2,8 +2,6 @@ package gofence
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -24,7 +22,12 @@ var (
 	ErrNoToken = sqlfuncs.ErrNoToken
 	// ErrUnknownToken: a token never granted for the resource (FN003).
 	ErrUnknownToken = sqlfuncs.ErrUnknownToken
-	// ErrBusy: a revoke gave up waiting for an open guarded transaction (FN004).
+	// ErrBusy: the resource is not held, but its previous holder still has a
+	// guarded transaction open (its gate is taken), so no new token can be
+	// granted yet: try again soon. Acquire returns it when it tries once
+	// (LeaseOptions.Wait waits through it); Revoke returns it when it gave
+	// up waiting for such a transaction (SQLSTATE FN004, fence.grant_wait).
+	// Nobody is named: for a resource that a live lease holds, see ErrHeld.
 	ErrBusy = sqlfuncs.ErrBusy
 	// ErrNotInstalled: schema fence is missing or older than this package
 	// needs. Run `pgfence migrate up` (or gofence.Migrate).
@@ -34,10 +37,9 @@ var (
 	// *HeldError that says who and until when.
 	ErrHeld = errors.New("pgfence: resource is held by another lease")
 	// ErrLost: the lease ended without Release: it was superseded, revoked,
-	// or could not be renewed before its local trust deadline. Acquire,
-	// AcquireWait, Do and Elect also return it for a grant whose reply came
-	// only after its trust deadline: that grant was given back, never
-	// handed over.
+	// or could not be renewed before its local trust deadline. Acquire, Do
+	// and Elect also return it for a grant whose reply came only after its
+	// trust deadline: that grant was given back, never handed over.
 	ErrLost = errors.New("pgfence: lease lost")
 	// ErrReleased: the lease was released by its holder.
 	ErrReleased = errors.New("pgfence: lease released")
@@ -45,26 +47,22 @@ var (
 	ErrClosed = errors.New("pgfence: client is closed")
 )
 
-// HeldError is returned by Acquire when a live lease holds the resource. It
-// carries the holder's lease as LeaseInfo (Resource is the resource asked
-// for; Holder, Token, Kind, ExpiresAt and ServerNow describe the live lease,
-// and are empty when the resource was busy with an open guarded transaction
-// of a previous holder rather than held): ExpiresAt.Sub(ServerNow) is the
-// time left by the server's clock.
+// HeldError is returned by Acquire (tried once) when a live lease holds the
+// resource: it carries that lease as LeaseInfo (Resource, Holder, Token,
+// Kind, ExpiresAt, ServerNow, ...), so it always names a holder.
+// ExpiresAt.Sub(ServerNow) is the time left by the server's clock (zero
+// ExpiresAt: a session lease). A resource that is busy without a holder
+// (ErrBusy) is not a HeldError.
 type HeldError struct {
 	LeaseInfo
 }
 
 func (e *HeldError) Error() string {
-	switch {
-	case e.Holder == "":
-		return fmt.Sprintf("pgfence: %s is busy: a transaction under the previous token is still open; try again, or use AcquireWait to wait for it", e.Resource)
-	case e.ExpiresAt.IsZero():
-		return fmt.Sprintf("pgfence: %s is held by %s (session lease, token %d); use AcquireWait to wait for it", e.Resource, e.Holder, e.Token)
-	default:
-		return fmt.Sprintf("pgfence: %s is held by %s (token %d) for another %s by the server's clock; use AcquireWait to wait for it",
-			e.Resource, e.Holder, e.Token, e.ExpiresAt.Sub(e.ServerNow).Round(time.Millisecond))
+	if e.ExpiresAt.IsZero() {
+		return fmt.Sprintf("pgfence: %s is held by %s (session lease, token %d); set LeaseOptions.Wait to wait for it", e.Resource, e.Holder, e.Token)
 	}
+	return fmt.Sprintf("pgfence: %s is held by %s (token %d) for another %s by the server's clock; set LeaseOptions.Wait to wait for it",
+		e.Resource, e.Holder, e.Token, e.ExpiresAt.Sub(e.ServerNow).Round(time.Millisecond))
 }
 
 // Unwrap makes errors.Is(err, ErrHeld) true.
@@ -76,8 +74,8 @@ func (e *HeldError) Unwrap() error { return ErrHeld }
 // a server in trouble (connection, resources, shutdown, serialization,
 // deadlock, lock timeout). Fencing outcomes, bad input and missing
 // privileges are answers, and final; so is a lost lease (a grant that came
-// back after its trust deadline: AcquireWait says so instead of asking
-// again).
+// back after its trust deadline: a waiting Acquire says so instead of
+// asking again).
 func transient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed) || errors.Is(err, ErrLost) {
 		return false
@@ -91,13 +89,4 @@ func transient(err error) bool {
 		return pgErr.Code == "55P03" // lock_not_available
 	}
 	return true
-}
-
-// LockKey is fence.lock_key computed in Go: the first 8 bytes of
-// sha256(name as UTF-8), big-endian, with the top bit set. It is always
-// negative, so it never collides with golang-migrate's migration lock keys
-// ([0, 2^32)) or with session-lease keys ([2^62, 2^63)).
-func LockKey(name string) int64 {
-	sum := sha256.Sum256([]byte(name))
-	return int64(binary.BigEndian.Uint64(sum[:8]) | 1<<63)
 }

@@ -73,8 +73,8 @@ func ExampleClient_Acquire() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
-	lease, err := client.Acquire(ctx, "orders")
+	defer client.Close(ctx)
+	lease, err := client.Acquire(ctx, "orders", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func ExampleClient_Acquire() {
 	fmt.Println("holding", lease.Resource())
 
 	// A second try finds it held, and says by whom.
-	_, err = client.Acquire(ctx, "orders")
+	_, err = client.Acquire(ctx, "orders", nil)
 	var held *gofence.HeldError
 	if errors.As(err, &held) {
 		fmt.Println("held by", held.Holder, "with token", held.Token == lease.Token())
@@ -92,7 +92,7 @@ func ExampleClient_Acquire() {
 	// held by worker-1 with token true
 }
 
-func ExampleClient_AcquireWait() {
+func ExampleClient_Acquire_wait() {
 	pool, done := exampleDB()
 	defer done()
 	ctx := context.Background()
@@ -102,9 +102,9 @@ func ExampleClient_AcquireWait() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
+	defer client.Close(ctx)
 
-	first, err := client.Acquire(ctx, "orders")
+	first, err := client.Acquire(ctx, "orders", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -115,8 +115,8 @@ func ExampleClient_AcquireWait() {
 			_ = first.Release(ctx) // wakes the waiter through NOTIFY
 		}
 	}()
-	// AcquireWait waits until the lease is free (or ctx is done).
-	second, err := client.AcquireWait(ctx, "orders")
+	// With Wait, Acquire waits until the lease is free (or ctx is done).
+	second, err := client.Acquire(ctx, "orders", &gofence.LeaseOptions{Wait: true})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -153,12 +153,12 @@ func ExampleClient_Do() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
+	defer client.Close(ctx)
 
 	// Take the lease (waiting for it), keep it alive while the function runs,
 	// and release it afterwards. Write through lease.Tx: the database refuses
 	// the writes if this process lost the lease to a newer holder.
-	err = client.Do(ctx, "orders", nil, func(ctx context.Context, lease *gofence.Lease) error {
+	err = client.Do(ctx, "orders", &gofence.LeaseOptions{Wait: true}, func(ctx context.Context, lease *gofence.Lease) error {
 		return lease.Tx(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO orders (id, note, fence_token) VALUES (1, 'paid', $1)`, lease.Token())
 			return err
@@ -186,9 +186,9 @@ func ExampleLease_Tx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
+	defer client.Close(ctx)
 
-	old, err := client.Acquire(ctx, "orders")
+	old, err := client.Acquire(ctx, "orders", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func ExampleClient_ProtectRows() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
+	defer client.Close(ctx)
 
 	// Every row of invoices is a resource of its own: row 4 needs the token
 	// of "invoice:4" (no token column here: the tokens come from Lease.Tx).
@@ -228,7 +228,7 @@ func ExampleClient_ProtectRows() {
 	leases := make([][]*gofence.Lease, 3)
 	for w := range leases {
 		for _, id := range []int{2*w + 1, 2*w + 2} {
-			l, err := client.Acquire(ctx, fmt.Sprintf("invoice:%d", id), gofence.WithHolder(fmt.Sprintf("worker-%d", w)))
+			l, err := client.Acquire(ctx, fmt.Sprintf("invoice:%d", id), &gofence.LeaseOptions{Holder: fmt.Sprintf("worker-%d", w)})
 			if err != nil {
 				log.Fatal(err)
 			}
@@ -243,11 +243,11 @@ func ExampleClient_ProtectRows() {
 		var wg sync.WaitGroup
 		for w, ls := range leases {
 			wg.Go(func() {
-				errs[w] = ls[0].Tx(ctx, pool, func(tx pgx.Tx) error {
+				errs[w] = gofence.Tx(ctx, pool, &gofence.TxOptions{Leases: ls}, func(tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, `INSERT INTO invoices VALUES ($1, $3), ($2, $3)
 						ON CONFLICT (id) DO UPDATE SET status = excluded.status`, 2*w+1, 2*w+2, status)
 					return err
-				}, ls[1:]...)
+				})
 			})
 		}
 		wg.Wait()
@@ -294,8 +294,8 @@ func ExampleLease_UseToken() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
-	lease, err := client.Acquire(ctx, "orders")
+	defer client.Close(ctx)
+	lease, err := client.Acquire(ctx, "orders", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -348,7 +348,7 @@ func ExampleLease_UseToken_jobQueue() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer admin.Close()
+	defer admin.Close(ctx)
 	if err := admin.ProtectRows(ctx, "jobs", "id", "job:", ""); err != nil {
 		log.Fatal(err)
 	}
@@ -392,9 +392,9 @@ func ExampleLease_UseToken_jobQueue() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer workerA.Close()
+	defer workerA.Close(ctx)
 
-	a, err := workerA.Acquire(ctx, "job:1")
+	a, err := workerA.Acquire(ctx, "job:1", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -411,8 +411,8 @@ func ExampleLease_UseToken_jobQueue() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer workerB.Close()
-	b, err := workerB.AcquireWait(ctx, "job:1") // granted once A's lease expired by the server's clock
+	defer workerB.Close(ctx)
+	b, err := workerB.Acquire(ctx, "job:1", &gofence.LeaseOptions{Wait: true}) // granted once A's lease expired by the server's clock
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func ExampleClient_Elect() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer client.Close()
+		defer client.Close(ctx)
 		wg.Go(func() {
 			// Runs the function while this node leads; campaigns again after
 			// a loss; steps down (releasing at once) when ctx is cancelled.
@@ -463,12 +463,17 @@ func ExampleClient_Elect() {
 		})
 	}
 	fmt.Println(<-terms)
-	observer, _ := gofence.New(pool, nil)
-	info, err := observer.Leader(ctx, "scheduler")
+	// Who leads now, for an observer that does not campaign.
+	observer, err := gofence.New(pool, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("someone leads:", info.Live)
+	defer observer.Close(ctx)
+	info, ok, err := observer.LeaseOf(ctx, "scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("someone leads:", ok && info.Live)
 	cancel()
 	wg.Wait()
 	// Output:

@@ -84,10 +84,14 @@ func (c *Client) grant(ctx context.Context, k call, resource string, send func(c
 	}
 }
 
+// giveBackTimeout bounds a give-back (giveBack): it runs in the
+// background, after its caller went away or was told no.
+const giveBackTimeout = 5 * time.Second
+
 // giveBack releases token, a grant that nobody will hold, bounded by
-// closeTimeout and by Close.
+// giveBackTimeout and by Close.
 func (c *Client) giveBack(ctx context.Context, k call, resource string, token int64) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
 	rctx, cancelOnClose := k.bound(rctx)
 	defer cancelOnClose()

@@ -47,26 +47,53 @@ type Lease struct {
 	released  bool // the server confirmed the release (or the session is gone); guarded by releasing
 }
 
-// Acquire tries once to take a TTL lease on resource. When another live lease
-// holds it, the error is a *HeldError (errors.Is(err, ErrHeld)) that names
-// the holder and its expiry. Options (WithHolder, WithTTL) override the
-// Client's Config for this lease.
+// Acquire takes a lease on resource, as opts says (nil: a TTL lease under
+// the Client's Config, tried once). Tried once, a resource that another live
+// lease holds gives a *HeldError (errors.Is(err, ErrHeld)) that names the
+// holder and its expiry, and a resource whose previous holder still has a
+// guarded transaction open gives an error matching ErrBusy; with
+// opts.Wait it waits through both until it is granted the lease or ctx is
+// done (see LeaseOptions.Wait).
 //
-// The lease is handed over only before its trust deadline (the request's
+// A TTL lease is handed over only before its trust deadline (the request's
 // send time + TTL - SafetyMargin): a grant whose reply came later is given
-// back at once, and the error matches ErrLost and says why. When ctx ends
-// while the grant is on its way, Acquire returns ctx's cause at once; the
-// grant runs to completion in the background (at most 5s longer) and
-// whatever it was granted is given back, so nobody waits for its TTL.
-func (c *Client) Acquire(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
-	t, err := c.leaseTimings(opts)
+// back at once, and the error matches ErrLost and says why (waiting longer
+// would not make the round trip shorter). When ctx ends while the grant is
+// on its way, Acquire returns ctx's cause at once; the grant runs to
+// completion in the background (at most 5s longer) and whatever it was
+// granted is given back, so nobody waits for its TTL.
+//
+// A session lease (opts.Session) lives until Release or until its
+// dedicated connection breaks; the lease then reports itself lost. Because
+// the server ends the lease the moment the session ends
+// (pg_terminate_backend, for example), a session lease can be granted to
+// someone else shortly before this process notices (within RenewInterval,
+// when the connection is checked): the fencing token still protects every
+// guarded write. Behind a connection pooler it refuses with
+// ErrPooledSession (see README, "Behind a connection pooler"). A waiter for
+// a session lease is mostly woken by polling: fence.acquire_session cannot
+// ask the holder's release to send a notification (as fence.acquire does),
+// so lower Config.PollInterval for a faster handoff; it holds a pool
+// connection only while it asks, and a dedicated one once granted.
+func (c *Client) Acquire(ctx context.Context, resource string, opts *LeaseOptions) (*Lease, error) {
+	o, t, err := c.leaseTimings(opts)
 	if err != nil {
 		return nil, err
 	}
-	return c.acquire(ctx, resource, false, t)
+	try := func() (*Lease, error) {
+		if o.Session {
+			return c.acquireSession(ctx, resource, t)
+		}
+		return c.acquire(ctx, resource, o.Wait && !c.cfg.DisableNotify, t)
+	}
+	if !o.Wait {
+		return try()
+	}
+	return c.wait(ctx, resource, try)
 }
 
-// acquire tries once; waiting asks the holder's release to NOTIFY (AcquireWait).
+// acquire tries once to take a TTL lease; waiting asks the holder's release
+// to NOTIFY (LeaseOptions.Wait).
 func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t leaseTimings) (*Lease, error) {
 	k, err := c.begin()
 	if err != nil {
@@ -112,25 +139,6 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t l
 	go l.keepalive(r.sentAt)
 	c.log.Debug("pgfence: lease acquired", "resource", resource, "token", r.token, "holder", t.holder)
 	return l, nil
-}
-
-// AcquireSession tries once to take a session lease on resource: a lease
-// bound to a dedicated connection taken out of the pool, with no TTL. It
-// lives until Release or until that connection breaks; the lease then
-// reports itself lost. Because the server ends the lease the moment the
-// session ends (pg_terminate_backend, for example), a session lease can be
-// granted to someone else shortly before this process notices (within
-// RenewInterval, when the connection is checked): the fencing token still
-// protects every guarded write. Behind a connection pooler it refuses
-// with ErrPooledSession (see README, "Behind a connection pooler").
-// WithHolder names the holder; session leases have no TTL, so WithTTL is
-// refused.
-func (c *Client) AcquireSession(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
-	t, err := c.sessionTimings(opts)
-	if err != nil {
-		return nil, err
-	}
-	return c.acquireSession(ctx, resource, t)
 }
 
 // acquireSession tries once to take a session lease.
@@ -186,19 +194,20 @@ func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t lea
 	return l
 }
 
-// heldError reads who holds resource. When the row says nobody holds it live,
-// the grant gave up waiting for an open guarded transaction of the previous
-// holder (fence.grant_wait): the resource is busy.
+// heldError reads who holds resource, after a grant answered NULL. When the
+// row says nobody holds it live, the grant gave up waiting for an open
+// guarded transaction of the previous holder (fence.grant_wait), or the
+// lease ended between the grant and the read: the resource is busy, not
+// held.
 func (c *Client) heldError(ctx context.Context, resource string) error {
 	row, ok, err := sqlfuncs.GetLease(ctx, c.pool, resource)
 	if err != nil {
 		return fmt.Errorf("pgfence: %s is held, and reading its holder failed: %w", resource, err)
 	}
-	he := &HeldError{LeaseInfo: LeaseInfo{Resource: resource}}
-	if ok && row.Live {
-		he.LeaseInfo = row
+	if !ok || !row.Live {
+		return fmt.Errorf("%w: %s: a transaction under the previous token is still open (or the lease ended just now); try again, or set LeaseOptions.Wait to wait for it", ErrBusy, resource)
 	}
-	return he
+	return &HeldError{LeaseInfo: row}
 }
 
 // Token is the fencing token of the lease: pass it with every write to a

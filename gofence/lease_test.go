@@ -46,7 +46,7 @@ func (b *bundle) client(t *testing.T, pool *pgxpool.Pool, cfg gofence.Config) *g
 	cfg.Logger = quiet
 	c, err := gofence.New(pool, &cfg)
 	require.NoError(t, err)
-	t.Cleanup(c.Close)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
@@ -114,7 +114,7 @@ func TestNotInstalled(t *testing.T) {
 	db := pgtest.Empty(t)
 	c, err := gofence.New(db.Pool, &gofence.Config{Logger: quiet})
 	require.NoError(t, err)
-	_, err = c.Acquire(t.Context(), "x")
+	_, err = c.Acquire(t.Context(), "x", nil)
 	require.ErrorIs(t, err, gofence.ErrNotInstalled)
 	require.ErrorContains(t, err, "pgfence migrate up")
 }
@@ -123,7 +123,7 @@ func TestKeepaliveHoldsTheLeasePastItsTTL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{TTL: 300 * time.Millisecond})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	first := l.ExpiresAt()
 
@@ -137,13 +137,13 @@ func TestKeepaliveHoldsTheLeasePastItsTTL(t *testing.T) {
 	require.True(t, l.ExpiresAt().After(first), "renewed")
 	require.NoError(t, write(b.ctx, l, b.db.Pool, "holder"))
 
-	_, err = c.Acquire(b.ctx, "job")
+	_, err = c.Acquire(b.ctx, "job", nil)
 	var held *gofence.HeldError
 	require.ErrorAs(t, err, &held)
 	require.ErrorIs(t, err, gofence.ErrHeld)
 	require.Equal(t, c.Holder(), held.Holder)
 	require.Equal(t, l.Token(), held.Token)
-	require.Contains(t, err.Error(), "use AcquireWait to wait")
+	require.Contains(t, err.Error(), "set LeaseOptions.Wait to wait")
 
 	require.NoError(t, l.Release(b.ctx))
 	require.NoError(t, l.Release(b.ctx), "idempotent")
@@ -165,7 +165,7 @@ func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
 	a := b.client(t, viaProxy, gofence.Config{TTL: 2 * time.Second, RenewInterval: 300 * time.Millisecond, SafetyMargin: 600 * time.Millisecond})
 	other := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
 
-	l, err := a.Acquire(b.ctx, "job")
+	l, err := a.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	require.NoError(t, write(b.ctx, l, viaProxy, "A"))
 
@@ -183,9 +183,9 @@ func TestLossIsSignalledBeforeTheServerCouldGrant(t *testing.T) {
 	require.ErrorContains(t, l.Err(), "trust deadline")
 	require.ErrorIs(t, l.Renew(b.ctx), gofence.ErrLost, "renew after loss says so")
 
-	_, err = other.Acquire(b.ctx, "job")
+	_, err = other.Acquire(b.ctx, "job", nil)
 	require.ErrorIs(t, err, gofence.ErrHeld, "not before the server's expiry")
-	l2, err := other.AcquireWait(b.ctx, "job")
+	l2, err := other.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 	require.NoError(t, err)
 	defer l2.Release(b.ctx)
 	require.Greater(t, l2.Token(), l.Token())
@@ -215,7 +215,7 @@ func TestRenewThatOutlastsTheTrustDeadlineReportsLoss(t *testing.T) {
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	c := b.client(t, viaProxy, gofence.Config{TTL: 2 * time.Second, RenewInterval: time.Second, SafetyMargin: 600 * time.Millisecond})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 
 	proxy.Freeze()
@@ -238,7 +238,7 @@ func TestRenewHeldUpPastAMovedDeadlineIsSentAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{TTL: 20 * time.Second, RenewInterval: 10 * time.Second})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
 
@@ -277,7 +277,7 @@ func TestReleaseRetryAfterALostReply(t *testing.T) {
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	a := b.client(t, viaProxy, gofence.Config{TTL: 500 * time.Millisecond})
 	other := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
-	l, err := a.Acquire(b.ctx, "job")
+	l, err := a.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 
 	proxy.Freeze()
@@ -287,16 +287,16 @@ func TestReleaseRetryAfterALostReply(t *testing.T) {
 	require.Error(t, err, "the release could not get through")
 	require.ErrorContains(t, err, "ends on its own at expiry")
 
-	l2, err := other.AcquireWait(b.ctx, "job") // granted at the server's expiry of A's lease
+	l2, err := other.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true}) // granted at the server's expiry of A's lease
 	require.NoError(t, err)
 	defer l2.Release(b.ctx)
 	proxy.Thaw() // the held copy of A's release arrives now, late
 
 	require.NoError(t, l.Release(b.ctx), "the retry succeeds: A's lease is over")
 	require.NoError(t, l.Release(b.ctx))
-	info, err := other.Leader(b.ctx, "job")
+	info, ok, err := other.LeaseOf(b.ctx, "job")
 	require.NoError(t, err)
-	require.True(t, info.Live, "B's lease is untouched")
+	require.True(t, ok && info.Live, "B's lease is untouched")
 	require.Equal(t, l2.Token(), info.Token)
 }
 
@@ -310,7 +310,7 @@ func TestReleaseHonoursCtxWhileARenewalHangs(t *testing.T) {
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	c := b.client(t, viaProxy, gofence.Config{TTL: 6 * time.Second, RenewInterval: time.Second})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 
 	proxy.Freeze()
@@ -333,7 +333,7 @@ func TestReleaseHonoursCtxWhileAnotherReleaseRuns(t *testing.T) {
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	c := b.client(t, viaProxy, gofence.Config{TTL: 30 * time.Second})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 
 	proxy.Freeze()
@@ -374,7 +374,7 @@ func TestReleaseAfterLossInPartitionReturnsNil(t *testing.T) {
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	c := b.client(t, viaProxy, gofence.Config{TTL: time.Second, RenewInterval: 200 * time.Millisecond, SafetyMargin: 100 * time.Millisecond})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	proxy.Freeze()
 	defer proxy.Thaw()
@@ -398,7 +398,7 @@ func TestReadersDoNotWaitForARetryingRelease(t *testing.T) {
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	c := b.client(t, viaProxy, gofence.Config{TTL: 30 * time.Second, RetryInterval: 50 * time.Millisecond})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	require.NoError(t, l.Renew(b.ctx)) // the server reports an expiry
 	deadline, expiresAt := l.TrustDeadline(), l.ExpiresAt()
@@ -436,7 +436,7 @@ func TestTransientRenewErrorsAreRetried(t *testing.T) {
 	proxy := pgtest.NewProxy(t, b.db.URL)
 	viaProxy := b.pool(t, proxy.URL(b.db.URL))
 	c := b.client(t, viaProxy, gofence.Config{TTL: 2 * time.Second, RenewInterval: 200 * time.Millisecond, RetryInterval: 50 * time.Millisecond})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	before := l.ExpiresAt()
 	proxy.Kill() // every pooled connection breaks; renewals fail until new ones are made
@@ -449,7 +449,7 @@ func TestTxMapsFencingErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
 
@@ -472,13 +472,13 @@ func TestTxMapsFencingErrors(t *testing.T) {
 	require.ErrorIs(t, err, sqlfuncs.ErrStaleToken)
 
 	conn := b.db.Conn(t)
-	err = l.TxConn(b.ctx, conn, func(tx pgx.Tx) error { return nil })
+	err = l.Tx(b.ctx, conn, func(tx pgx.Tx) error { return nil })
 	require.ErrorIs(t, err, gofence.ErrStaleToken)
 	var status string
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT 'idle'`).Scan(&status), "the connection is usable again")
 
 	myErr := errors.New("mine")
-	l2, err := c.AcquireWait(b.ctx, "job")
+	l2, err := c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 	require.NoError(t, err)
 	defer l2.Release(b.ctx)
 	err = l2.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
@@ -496,10 +496,10 @@ func TestSessionLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{TTL: time.Second, RenewInterval: 100 * time.Millisecond})
-	l, err := c.AcquireSession(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Session: true})
 	require.NoError(t, err)
 	require.NoError(t, write(b.ctx, l, b.db.Pool, "session"))
-	_, err = c.AcquireSession(b.ctx, "job")
+	_, err = c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Session: true})
 	require.ErrorIs(t, err, gofence.ErrHeld)
 
 	var pid int32
@@ -512,20 +512,20 @@ func TestSessionLease(t *testing.T) {
 		t.Fatal("the session lease did not notice its connection was gone")
 	}
 	require.ErrorIs(t, l.Err(), gofence.ErrLost)
-	l2, err := c.AcquireWait(b.ctx, "job")
+	l2, err := c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 	require.NoError(t, err)
 	require.Greater(t, l2.Token(), l.Token())
 	require.NoError(t, l2.Release(b.ctx))
 	require.NoError(t, l.Release(b.ctx))
 }
 
-func TestLockKeyMatchesSQL(t *testing.T) {
+func TestAdvisoryLockKeyMatchesSQL(t *testing.T) {
 	t.Parallel()
 	b := &bundle{ctx: t.Context(), db: pgtest.Setup(t)}
 	for _, name := range []string{"a", "nightly", "ünï", `q'"\`} {
 		k, err := sqlfuncs.LockKey(b.ctx, b.db.Pool, name)
 		require.NoError(t, err)
-		require.Equal(t, k, gofence.LockKey(name))
+		require.Equal(t, k, gofence.AdvisoryLockKey(name))
 	}
 }
 
@@ -538,13 +538,13 @@ func TestNoGoroutineLeaks(t *testing.T) {
 
 	c, err := gofence.New(pool, &gofence.Config{TTL: time.Second, PollInterval: 20 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	var got atomic.Int32
 	for range 2 {
 		wg.Go(func() {
-			l2, err := c.AcquireWait(b.ctx, "job")
+			l2, err := c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 			if err == nil {
 				got.Add(1)
 				_ = l2.Release(b.ctx)
@@ -555,11 +555,11 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	require.NoError(t, l.Release(b.ctx))
 	wg.Wait()
 	require.Equal(t, int32(2), got.Load())
-	s, err := c.AcquireSession(b.ctx, "s")
+	s, err := c.Acquire(b.ctx, "s", &gofence.LeaseOptions{Session: true})
 	require.NoError(t, err)
 	require.NoError(t, s.Release(b.ctx))
-	require.NoError(t, c.Do(b.ctx, "job", nil, func(context.Context, *gofence.Lease) error { return nil }))
-	c.Close()
+	require.NoError(t, c.Do(b.ctx, "job", &gofence.LeaseOptions{Wait: true}, func(context.Context, *gofence.Lease) error { return nil }))
+	require.NoError(t, c.Close(b.ctx))
 
 	// Polled by hand: require.Eventually runs its condition in a goroutine of its own.
 	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > base && time.Now().Before(deadline); {
@@ -581,20 +581,20 @@ func TestClose(t *testing.T) {
 		b := setup(t)
 		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet, ReleaseOnClose: true})
 		require.NoError(t, err)
-		ttl, err := c.Acquire(b.ctx, "job")
+		ttl, err := c.Acquire(b.ctx, "job", nil)
 		require.NoError(t, err)
-		session, err := c.AcquireSession(b.ctx, "session-job")
+		session, err := c.Acquire(b.ctx, "session-job", &gofence.LeaseOptions{Session: true})
 		require.NoError(t, err)
-		released, err := c.Acquire(b.ctx, "released")
+		released, err := c.Acquire(b.ctx, "released", nil)
 		require.NoError(t, err)
 		require.NoError(t, released.Release(b.ctx))
 
-		c.Close() // returns once the releases are done
+		require.NoError(t, c.Close(b.ctx)) // returns once the releases are done
 		for _, l := range []*gofence.Lease{ttl, session} {
 			require.ErrorIs(t, l.Err(), gofence.ErrReleased, l.Resource())
 			require.False(t, b.serverLive(t, l.Resource()), "%s is still live on the server after Close", l.Resource())
 		}
-		c.Close() // idempotent
+		require.NoError(t, c.Close(b.ctx)) // idempotent
 	})
 
 	t.Run("by default the leases outlive Close", func(t *testing.T) {
@@ -602,9 +602,9 @@ func TestClose(t *testing.T) {
 		b := setup(t)
 		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet})
 		require.NoError(t, err)
-		l, err := c.Acquire(b.ctx, "job")
+		l, err := c.Acquire(b.ctx, "job", nil)
 		require.NoError(t, err)
-		c.Close()
+		require.NoError(t, c.Close(b.ctx))
 		require.NoError(t, l.Err())
 		require.True(t, b.serverLive(t, "job"))
 		require.NoError(t, l.Release(b.ctx))
@@ -621,7 +621,7 @@ func TestClose(t *testing.T) {
 		proxy.Delay(pgtest.ToServer, 500*time.Millisecond)
 		acquired := make(chan error, 1)
 		go func() {
-			l, err := c.Acquire(b.ctx, "job")
+			l, err := c.Acquire(b.ctx, "job", nil)
 			if err == nil {
 				_ = l.Release(b.ctx)
 			}
@@ -630,7 +630,7 @@ func TestClose(t *testing.T) {
 		require.Eventually(t, func() bool { return proxy.Pending(pgtest.ToServer) > 0 }, 5*time.Second, time.Millisecond,
 			"the grant's request is on its way")
 		start := time.Now()
-		c.Close()
+		require.NoError(t, c.Close(b.ctx), "the Acquire in flight ended before ctx did")
 		closed := time.Since(start)
 		atClose, grantedAtClose, err := sqlfuncs.GetLease(b.ctx, b.db.Pool, "job")
 		require.NoError(t, err)
@@ -646,15 +646,16 @@ func TestClose(t *testing.T) {
 		t.Logf("Close waited %s for the Acquire in flight", closed.Round(time.Millisecond))
 	})
 
-	// A grant that never answers holds Close up for a bounded time only.
-	t.Run("is bounded when a grant never answers", func(t *testing.T) {
+	// A grant that never answers holds Close up only as long as Close's ctx
+	// allows, and Close says that it cut the grant off.
+	t.Run("is bounded by its ctx when a grant never answers", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		c, proxy := b.slowClient(t, gofence.Config{})
 		proxy.Delay(pgtest.ToServer, time.Hour)
 		acquired := make(chan error, 1)
 		go func() {
-			l, err := c.Acquire(b.ctx, "job")
+			l, err := c.Acquire(b.ctx, "job", nil)
 			if err == nil {
 				_ = l.Release(b.ctx)
 			}
@@ -662,12 +663,16 @@ func TestClose(t *testing.T) {
 		}()
 		require.Eventually(t, func() bool { return proxy.Pending(pgtest.ToServer) > 0 }, 5*time.Second, time.Millisecond)
 		start := time.Now()
-		closed := make(chan struct{})
-		go func() { c.Close(); close(closed) }()
+		closed := make(chan error, 1)
+		ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+		defer cancel()
+		go func() { closed <- c.Close(ctx) }()
 		select {
-		case <-closed:
-		case <-time.After(15 * time.Second):
-			t.Fatal("Close hung on a grant that never answers")
+		case err := <-closed:
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorContains(t, err, "Close stopped acquires that the server did not answer in time")
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close hung on a grant that never answers, past its ctx (300ms)")
 		}
 		t.Logf("Close returned after %s", time.Since(start).Round(time.Millisecond))
 		select {
@@ -687,13 +692,74 @@ func TestClose(t *testing.T) {
 		b := setup(t)
 		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet})
 		require.NoError(t, err)
-		c.Close()
-		_, err = c.Acquire(b.ctx, "job")
+		require.NoError(t, c.Close(b.ctx))
+		_, err = c.Acquire(b.ctx, "job", nil)
 		require.ErrorIs(t, err, gofence.ErrClosed)
-		_, err = c.AcquireWait(b.ctx, "job")
+		_, err = c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
 		require.ErrorIs(t, err, gofence.ErrClosed)
-		_, err = c.AcquireSession(b.ctx, "job")
+		_, err = c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Session: true})
 		require.ErrorIs(t, err, gofence.ErrClosed)
+		fn := func(context.Context, *gofence.Lease) error { t.Error("fn ran on a closed client"); return nil }
+		require.ErrorIs(t, c.Do(b.ctx, "job", nil, fn), gofence.ErrClosed)
+		require.ErrorIs(t, c.Elect(b.ctx, "job", nil, fn), gofence.ErrClosed)
 		require.False(t, b.serverLive(t, "job"))
 	})
+}
+
+// A resource that a live lease holds and one that is only busy (nobody
+// holds it, but the previous holder's guarded transaction is still open)
+// give distinct errors: ErrHeld with a *HeldError that names the holder,
+// and ErrBusy, which names nobody. A waiting Acquire waits through both.
+func TestBusyIsNotHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Grants give up waiting for the gate after 100ms instead of 2s.
+	c := b.client(t, b.pool(t, b.db.URL+"&fence.grant_wait=100ms"), gofence.Config{Holder: "new", TTL: 10 * time.Second, PollInterval: 20 * time.Millisecond})
+
+	// The old holder's lease expires while its guarded transaction is open.
+	tok, ok, err := sqlfuncs.Acquire(b.ctx, b.db.Pool, "job", "old", 200*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	tx, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx)
+	require.NoError(t, sqlfuncs.UseToken(b.ctx, tx, "job", tok))
+	poll(t, "the old lease expired by the server's clock", func() bool { return !b.serverLive(t, "job") })
+
+	_, err = c.Acquire(b.ctx, "job", nil)
+	require.ErrorIs(t, err, gofence.ErrBusy)
+	require.NotErrorIs(t, err, gofence.ErrHeld)
+	var held *gofence.HeldError
+	require.False(t, errors.As(err, &held), "a busy resource has no holder to name: %v", err)
+	require.ErrorContains(t, err, "try again")
+
+	got := make(chan error, 1)
+	var l *gofence.Lease
+	go func() {
+		var err error
+		l, err = c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Wait: true})
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter returned while the old transaction was open: %v", err)
+	case <-time.After(300 * time.Millisecond): // three grant waits at least
+	}
+	require.NoError(t, tx.Rollback(b.ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not granted the lease once the old transaction ended")
+	}
+	defer l.Release(b.ctx)
+
+	_, err = c.Acquire(b.ctx, "job", &gofence.LeaseOptions{Holder: "other"})
+	require.ErrorIs(t, err, gofence.ErrHeld)
+	require.NotErrorIs(t, err, gofence.ErrBusy)
+	require.True(t, errors.As(err, &held))
+	require.Equal(t, "new", held.Holder)
+	require.Equal(t, l.Token(), held.Token)
+	require.Equal(t, "job", held.Resource)
+	require.ErrorContains(t, err, "held by new")
 }

@@ -23,8 +23,8 @@ import (
 // transaction-mode pooler the next statement may run in another backend,
 // and the backend that holds the lease lives on in the pool after the
 // holder dies, so the lease would stay live with nobody holding it. Use a
-// TTL lease (Acquire, AcquireWait, Do), which works through poolers, or give the
-// session leases a pool that connects to PostgreSQL directly.
+// TTL lease (LeaseOptions.Session false), which works through poolers, or
+// give the session leases a pool that connects to PostgreSQL directly.
 var ErrPooledSession = errors.New("pgfence: session leases need a direct connection to PostgreSQL, and this one goes through a connection pooler")
 
 // refusePooledSession checks, after fence.acquire_session granted token on
@@ -47,7 +47,7 @@ func (c *Client) refusePooledSession(ctx context.Context, conn *pgx.Conn, resour
 		c.log.Warn("pgfence: releasing a session lease refused behind a pooler failed; it ends when the pooler closes that server connection",
 			"resource", resource, "token", token, "error", err)
 	}
-	return fmt.Errorf("%w: the lease of %s was granted in backend %d, the connection was opened with %d (use Acquire, AcquireWait or Do: TTL leases work behind poolers)",
+	return fmt.Errorf("%w: the lease of %s was granted in backend %d, the connection was opened with %d (take a TTL lease, without LeaseOptions.Session: TTL leases work behind poolers)",
 		ErrPooledSession, resource, row.SessionPID, conn.PgConn().PID())
 }
 

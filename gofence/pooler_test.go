@@ -28,10 +28,10 @@ func pooledPool(t *testing.T, b *bundle, pb *pgtest.PgBouncer, mode string) *pgx
 	return pool
 }
 
-// TestThroughPgBouncer: TTL leases, Lease.Tx (with several leases on a table
-// protected per row too), Do and Lock work through PgBouncer in transaction
-// mode with a pool in a query execution mode that sends no named prepared
-// statements; session leases refuse.
+// TestThroughPgBouncer: TTL leases, Tx (with several leases on a table
+// protected per row too), Do and a waiting Acquire work through PgBouncer in
+// transaction mode with a pool in a query execution mode that sends no named
+// prepared statements; session leases refuse.
 func TestThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -45,7 +45,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			defer cancel()
 			var last int64
 			for range 5 { // more rounds than PgBouncer has server connections
-				l, err := c.Acquire(ctx, "job")
+				l, err := c.Acquire(ctx, "job", nil)
 				require.NoError(t, err)
 				require.Greater(t, l.Token(), last)
 				last = l.Token()
@@ -55,7 +55,7 @@ func TestThroughPgBouncer(t *testing.T) {
 					return err
 				}))
 				require.NoError(t, l.Release(ctx))
-				err = c.Do(ctx, "job", nil, func(ctx context.Context, l *gofence.Lease) error {
+				err = c.Do(ctx, "job", &gofence.LeaseOptions{Wait: true}, func(ctx context.Context, l *gofence.Lease) error {
 					last = l.Token()
 					return l.Tx(ctx, pool, func(tx pgx.Tx) error {
 						_, err := tx.Exec(ctx, `UPDATE work SET who = who || '+do', token = $1 WHERE who = $2`, l.Token(), mode)
@@ -67,7 +67,7 @@ func TestThroughPgBouncer(t *testing.T) {
 
 			// A write under a token that is no longer the latest is refused,
 			// through the pooler as directly.
-			old, err := c.Acquire(ctx, "job")
+			old, err := c.Acquire(ctx, "job", nil)
 			require.NoError(t, err)
 			_, err = sqlfuncs.Revoke(ctx, b.db.Pool, "job")
 			require.NoError(t, err)
@@ -88,12 +88,12 @@ func TestThroughPgBouncer(t *testing.T) {
 		_, err := b.db.Pool.Exec(ctx, `CREATE TABLE inv (id int PRIMARY KEY, note text, tok bigint)`)
 		require.NoError(t, err)
 		require.NoError(t, c.ProtectRows(ctx, "inv", "id", "inv:", "tok"))
-		l1, err := c.Acquire(ctx, "inv:1")
+		l1, err := c.Acquire(ctx, "inv:1", nil)
 		require.NoError(t, err)
-		l2, err := c.Acquire(ctx, "inv:2")
+		l2, err := c.Acquire(ctx, "inv:2", nil)
 		require.NoError(t, err)
 		for range 5 { // more rounds than PgBouncer has server connections
-			require.NoError(t, l1.Tx(ctx, pool, func(tx pgx.Tx) error {
+			require.NoError(t, gofence.Tx(ctx, pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2}}, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `INSERT INTO inv VALUES (1, 'a', $1), (2, 'b', $2)
 					ON CONFLICT (id) DO UPDATE SET note = excluded.note, tok = excluded.tok`, l1.Token(), l2.Token())
 				if err != nil {
@@ -101,7 +101,7 @@ func TestThroughPgBouncer(t *testing.T) {
 				}
 				_, err = tx.Exec(ctx, `DELETE FROM inv WHERE id = 2`) // by the registered token of inv:2
 				return err
-			}, l2))
+			}))
 		}
 		// inv:1 taken over: its row refuses the old token, inv:2's does not.
 		_, err = sqlfuncs.Revoke(ctx, b.db.Pool, "inv:1")
@@ -112,18 +112,18 @@ func TestThroughPgBouncer(t *testing.T) {
 		require.NoError(t, err)
 	})
 
-	t.Run("Lock gets the lease by polling when LISTEN is useless", func(t *testing.T) {
+	t.Run("a waiting Acquire gets the lease by polling when LISTEN is useless", func(t *testing.T) {
 		pool := pooledPool(t, b, pb, "exec")
 		c := b.client(t, pool, gofence.Config{TTL: time.Minute, PollInterval: 50 * time.Millisecond})
 		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second) // a waiter that is never granted fails here
 		defer cancel()
 		for range 3 {
-			holder, err := c.Acquire(ctx, "lock")
+			holder, err := c.Acquire(ctx, "lock", nil)
 			require.NoError(t, err)
 			got := make(chan *gofence.Lease, 1)
 			errs := make(chan error, 1)
 			go func() {
-				l, err := c.AcquireWait(ctx, "lock")
+				l, err := c.Acquire(ctx, "lock", &gofence.LeaseOptions{Wait: true})
 				if err != nil {
 					errs <- err
 					return
@@ -144,29 +144,29 @@ func TestThroughPgBouncer(t *testing.T) {
 				require.Greater(t, l.Token(), holder.Token())
 				require.NoError(t, l.Release(ctx))
 			case err := <-errs:
-				t.Fatalf("Lock through PgBouncer: %v", err)
+				t.Fatalf("a waiting Acquire through PgBouncer: %v", err)
 			}
 		}
 	})
 
-	t.Run("AcquireSession refuses", func(t *testing.T) {
+	t.Run("a session lease is refused", func(t *testing.T) {
 		pool := pooledPool(t, b, pb, "exec")
 		c := b.client(t, pool, gofence.Config{})
-		_, err := c.AcquireSession(b.ctx, "session")
+		_, err := c.Acquire(b.ctx, "session", &gofence.LeaseOptions{Session: true})
 		require.ErrorIs(t, err, gofence.ErrPooledSession)
-		require.Contains(t, err.Error(), "use Acquire, AcquireWait or Do")
+		require.Contains(t, err.Error(), "take a TTL lease, without LeaseOptions.Session")
 		row, ok, err := sqlfuncs.GetLease(b.ctx, b.db.Pool, "session")
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.False(t, row.Live, "the refused session lease was released")
-		l, err := c.Acquire(b.ctx, "session")
+		l, err := c.Acquire(b.ctx, "session", nil)
 		require.NoError(t, err, "a TTL lease of the same resource is granted next")
 		require.NoError(t, l.Release(b.ctx))
 	})
 
-	t.Run("AcquireSession on a direct connection is not refused", func(t *testing.T) {
+	t.Run("a session lease on a direct connection is not refused", func(t *testing.T) {
 		c := b.client(t, nil, gofence.Config{})
-		l, err := c.AcquireSession(b.ctx, "session-direct")
+		l, err := c.Acquire(b.ctx, "session-direct", &gofence.LeaseOptions{Session: true})
 		require.NoError(t, err)
 		require.NoError(t, l.Release(b.ctx))
 	})
@@ -227,7 +227,7 @@ func TestPoolerStatementCache(t *testing.T) {
 		c := b.client(t, pool, gofence.Config{})
 		ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
 		defer cancel()
-		_, err := c.Acquire(ctx, "job")
+		_, err := c.Acquire(ctx, "job", nil)
 		require.ErrorIs(t, err, gofence.ErrPoolerStatementCache)
 		require.Contains(t, err.Error(), "default_query_exec_mode=exec")
 		_, err = c.Leases(ctx)
@@ -246,7 +246,7 @@ func TestPoolerStatementCache(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range errs {
 				wg.Go(func() {
-					l, err := c.Acquire(ctx, fmt.Sprintf("worker-%d", i))
+					l, err := c.Acquire(ctx, fmt.Sprintf("worker-%d", i), nil)
 					if err == nil {
 						_ = l.Release(ctx)
 					}
@@ -262,7 +262,7 @@ func TestPoolerStatementCache(t *testing.T) {
 		t.Run("the same pooler with exec mode works", func(t *testing.T) {
 			pool := open(t, pb.URL(b.db.URL)+"&default_query_exec_mode=exec")
 			c := b.client(t, pool, gofence.Config{})
-			l, err := c.Acquire(ctx, "job")
+			l, err := c.Acquire(ctx, "job", nil)
 			require.NoError(t, err)
 			require.NoError(t, write(ctx, l, pool, "exec"))
 			require.NoError(t, l.Release(ctx))
@@ -276,8 +276,8 @@ func TestPoolerStatementCache(t *testing.T) {
 			log, buf := logged()
 			c, err := gofence.New(pool, &gofence.Config{Logger: log})
 			require.NoError(t, err)
-			t.Cleanup(c.Close)
-			l, err := c.Acquire(b.ctx, "job")
+			t.Cleanup(func() { _ = c.Close(context.Background()) })
+			l, err := c.Acquire(b.ctx, "job", nil)
 			require.NoError(t, err)
 			require.NoError(t, write(b.ctx, l, pool, "direct"))
 			require.NoError(t, l.Release(b.ctx))
@@ -291,11 +291,11 @@ func TestPoolerStatementCache(t *testing.T) {
 		log, buf := logged()
 		c, err := gofence.New(pool, &gofence.Config{Logger: log})
 		require.NoError(t, err)
-		t.Cleanup(c.Close)
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
 		defer cancel()
 		for range 3 {
-			l, err := c.Acquire(ctx, "job")
+			l, err := c.Acquire(ctx, "job", nil)
 			require.NoError(t, err)
 			require.NoError(t, write(ctx, l, pool, "session-mode"))
 			require.NoError(t, l.Release(ctx))

@@ -14,74 +14,117 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// Tx runs fn in a transaction on a connection from pool in which the lease's
-// token is already registered with fence.use_token: BEGIN and use_token go
-// to the server in one round trip, so every statement of fn on a protected
-// table (with or without a token column) is fenced. The transaction commits
-// when fn returns nil and rolls back otherwise, also when fn panics (the
-// panic then goes on, with the connection outside any transaction).
+// Beginner is what a fenced transaction begins on, as pgx.BeginFunc takes
+// it: *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn begin a transaction of
+// their own, and pgx.Tx (so *pgxpool.Tx, and the transaction a job queue
+// hands its callback) a nested one, a savepoint, as pgx does. Wrappers
+// with a Begin method of that form fit too.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// TxOptions says how Tx runs a fenced transaction.
+type TxOptions struct {
+	// Leases fence the transaction: the token of each is registered with
+	// fence.use_token before fn runs. At least one; see Tx.
+	Leases []*Lease
+
+	// TxOptions are pgx's options of the transaction (isolation level,
+	// access mode, deferrable mode, CommitQuery), for a Beginner that begins
+	// a transaction of its own (a pool or a connection; a pgx.Tx begins a
+	// savepoint, which takes none, and is then refused). BeginQuery is
+	// refused: Tx writes the BEGIN itself, with the tokens.
+	pgx.TxOptions
+}
+
+// Tx runs fn in a transaction begun on db in which the token of every lease
+// of opts.Leases is already registered with fence.use_token, so that every
+// statement of fn on a protected table (with or without a token column) is
+// fenced. On a pool or a connection, BEGIN and the registrations go to the
+// server in one round trip (on a pool, on a connection of its own for the
+// transaction); in a pgx.Tx (or another Beginner), Tx begins a savepoint
+// and registers the tokens in it. The transaction commits when fn returns
+// nil and rolls back otherwise, also when fn panics (the panic then goes
+// on, with the connection outside the transaction) and when ctx ends (the
+// rollback is sent under a context of its own, bounded, so that no guarded
+// transaction is left open: it would hold the resources' gates).
 //
-// With others, the transaction is fenced by every lease at once: the token
-// of each is registered in the same round trip, so fn may write rows of all
-// their resources (the rows of several resources of a table protected per
-// row, or several protected tables). The registrations go in the order of
-// the resource names, whatever the order of the arguments, so two such
-// transactions take the resources' gates in the same order. A nil lease
-// among them is refused before anything is sent; a lease given twice counts
-// once; two different leases on the same resource are refused (at most one
-// of them can carry the latest token). Each registration holds its
-// resource's gate until the transaction ends: for a handful of resources.
-// A statement that writes rows of many resources of a per-row table should
-// assign their tokens in its token column instead.
+// With several leases, fn may write rows of all their resources (the rows
+// of several resources of a table protected per row, or several protected
+// tables). The registrations go in the order of the resource names,
+// whatever the order of opts.Leases, so two such transactions take the
+// resources' gates in the same order. A nil lease, or none, is refused
+// before anything is sent; a lease given twice counts once; two different
+// leases on the same resource are refused (at most one of them can carry
+// the latest token). Each registration holds its resource's gate until the
+// transaction ends: for a handful of resources. A statement that writes
+// rows of many resources of a per-row table should assign their tokens in
+// its token column instead.
 //
 // Tx does not refuse on its own once a lease is lost: the database is the
 // judge. While no newer token exists the writes are safe and succeed; once
 // one exists they fail with ErrStaleToken. Errors name every lease of the
-// transaction and match ErrStaleToken, ErrNoToken, ErrUnknownToken (with the
-// *pgconn.PgError reachable through errors.As, whose message names the
-// resource), and also ErrLost when any of the leases was lost by then.
-func (l *Lease) Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error, others ...*Lease) error {
-	return l.TxWithOptions(ctx, pool, pgx.TxOptions{}, fn, others...)
-}
-
-// TxWithOptions is Tx with transaction options (isolation level, access mode).
-func (l *Lease) TxWithOptions(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, fn func(pgx.Tx) error, others ...*Lease) error {
-	s, err := l.with(others)
+// transaction and match ErrStaleToken, ErrNoToken, ErrUnknownToken (with
+// the *pgconn.PgError reachable through errors.As, whose message names the
+// resource), and also ErrLost when any of the leases was lost by then; an
+// error of fn keeps its own message and wrapped errors.
+func Tx(ctx context.Context, db Beginner, opts *TxOptions, fn func(pgx.Tx) error) error {
+	var o TxOptions
+	if opts != nil {
+		o = *opts
+	}
+	s, err := leasesOf(o.Leases)
 	if err != nil {
 		return err
 	}
-	pc, err := pool.Acquire(ctx)
-	if err != nil {
-		return s.txError(err)
+	if o.BeginQuery != "" {
+		return fmt.Errorf("pgfence: transaction under %s: TxOptions.BeginQuery is refused: Tx writes the BEGIN itself, with the tokens; nothing was sent", s)
 	}
-	defer pc.Release()
-	return s.runTx(ctx, pc.Conn(), opts, fn)
+	switch d := db.(type) {
+	case nil:
+		return fmt.Errorf("pgfence: transaction under %s: db is nil; nothing was sent", s)
+	case *pgxpool.Pool:
+		pc, err := d.Acquire(ctx)
+		if err != nil {
+			return s.txError(err)
+		}
+		defer pc.Release()
+		return s.runTx(ctx, pc.Conn(), o.TxOptions, fn)
+	case *pgxpool.Conn:
+		return s.runTx(ctx, d.Conn(), o.TxOptions, fn)
+	case *pgx.Conn:
+		return s.runTx(ctx, d, o.TxOptions, fn)
+	}
+	return s.runNested(ctx, db, o.TxOptions, fn)
 }
 
-// TxConn is Tx on a connection the caller holds.
-func (l *Lease) TxConn(ctx context.Context, conn *pgx.Conn, fn func(pgx.Tx) error, others ...*Lease) error {
-	s, err := l.with(others)
-	if err != nil {
-		return err
-	}
-	return s.runTx(ctx, conn, pgx.TxOptions{}, fn)
+// Tx is the package's Tx under this lease alone: it runs fn in a
+// transaction begun on db (a pool, a connection or a pgx.Tx) in which the
+// lease's token is registered with fence.use_token, so that every statement
+// of fn on a protected table is fenced. For several leases, or pgx's
+// transaction options, call gofence.Tx with TxOptions.
+func (l *Lease) Tx(ctx context.Context, db Beginner, fn func(pgx.Tx) error) error {
+	return Tx(ctx, db, &TxOptions{Leases: []*Lease{l}}, fn)
 }
 
-// leaseSet is the leases of one fenced transaction, the receiver first, each
-// once.
+// leaseSet is the leases of one fenced transaction, in the order given,
+// each once.
 type leaseSet []*Lease
 
-// with is the receiver and others as a leaseSet: a nil lease, or two
-// different leases on the same resource, are refused.
-func (l *Lease) with(others []*Lease) (leaseSet, error) {
-	if l == nil {
-		return nil, errors.New("pgfence: fenced transaction on a nil *Lease (did the Acquire fail?)")
+// leasesOf is leases as a leaseSet: none, a nil lease, or two different
+// leases on the same resource, are refused.
+func leasesOf(leases []*Lease) (leaseSet, error) {
+	switch {
+	case len(leases) == 0:
+		return nil, errors.New("pgfence: a fenced transaction needs at least one lease (TxOptions.Leases); nothing was sent")
+	case len(leases) == 1 && leases[0] == nil:
+		return nil, errors.New("pgfence: fenced transaction under a nil *Lease (did the Acquire fail?); nothing was sent")
 	}
-	s := leaseSet{l}
-	for i, o := range others {
+	var s leaseSet
+	for i, o := range leases {
 		switch {
 		case o == nil:
-			return nil, fmt.Errorf("pgfence: transaction under %s: lease %d of the others is nil (did its Acquire fail?); nothing was sent", s, i)
+			return nil, fmt.Errorf("pgfence: transaction under %s: lease %d of %d is nil (a nil *Lease: did its Acquire fail?); nothing was sent", leaseSet(slices.DeleteFunc(slices.Clone(leases), func(l *Lease) bool { return l == nil })), i+1, len(leases))
 		case slices.Contains(s, o):
 			continue
 		}
@@ -117,17 +160,50 @@ func (s leaseSet) tokens() (resources []string, tokens []int64) {
 	return resources, tokens
 }
 
-// runTx runs fn in a transaction under the tokens. The deferred rollback
-// covers every way out of fn, a panic included (as pgx's BeginFunc does): a
-// transaction left open would keep the resources' gates, so that no newer
-// grant (fence.revoke, the next holder) could happen until the connection
-// closed. After a commit the rollback does nothing.
+// runTx runs fn in a transaction on conn under the tokens, begun with them
+// in one round trip. The deferred rollback covers every way out of fn, a
+// panic included (as pgx's BeginFunc does): a transaction left open would
+// keep the resources' gates, so that no newer grant (fence.revoke, the next
+// holder) could happen until the connection closed. After a commit the
+// rollback does nothing.
 func (s leaseSet) runTx(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
 	resources, tokens := s.tokens()
 	tx, err := sqlfuncs.BeginWithTokens(ctx, conn, opts, resources, tokens)
 	if err != nil {
 		return s.txError(err)
 	}
+	return s.run(ctx, tx, fn)
+}
+
+// runNested runs fn in a transaction that db begins (a savepoint, when db is
+// a pgx.Tx), with the tokens registered by a statement of their own.
+func (s leaseSet) runNested(ctx context.Context, db Beginner, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
+	var (
+		tx  pgx.Tx
+		err error
+	)
+	if opts == (pgx.TxOptions{}) {
+		tx, err = db.Begin(ctx)
+	} else if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		tx, err = b.BeginTx(ctx, opts)
+	} else {
+		return fmt.Errorf("pgfence: transaction under %s: TxOptions (isolation level, access mode, ...) need a pool or a connection; a %T begins a savepoint, which takes none; nothing was sent", s, db)
+	}
+	if err != nil {
+		return s.txError(sqlfuncs.Translate(err))
+	}
+	resources, tokens := s.tokens()
+	if err := sqlfuncs.UseTokens(ctx, tx, resources, tokens); err != nil {
+		rollback(ctx, tx)
+		return s.txError(err)
+	}
+	return s.run(ctx, tx, fn)
+}
+
+// run runs fn in tx, under the tokens already registered, and commits.
+func (s leaseSet) run(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
 	defer rollback(ctx, tx)
 	if err := fn(tx); err != nil {
 		return s.txError(sqlfuncs.Translate(err))
@@ -146,25 +222,32 @@ type DB = sqlfuncs.DB
 // protected table is fenced, with or without a token column, and the
 // transaction holds the resource's gate until it ends (no newer grant can
 // happen before it commits or rolls back). Call it inside the transaction,
-// before the writes; the caller commits or rolls back as usual.
-//
-// With others, it registers the token of every lease, in one statement, as
-// Tx does (ordered by resource; nil refused, a lease given twice counted
-// once, two leases on one resource refused, all before anything is sent).
+// before the writes; the caller commits or rolls back as usual. For several
+// leases, UseTokens.
 //
 // tx must be inside a transaction: outside one the token would be forgotten
 // as soon as the statement ended, so a *pgxpool.Pool, or a *pgx.Conn or
 // *pgxpool.Conn outside a transaction, is refused with an error. Errors
 // match ErrStaleToken and ErrUnknownToken like those of Tx (and ErrLost
-// when any of the leases was lost by then); the transaction is then
-// aborted, and the caller's rollback ends it.
-func (l *Lease) UseToken(ctx context.Context, tx DB, others ...*Lease) error {
-	s, err := l.with(others)
+// when the lease was lost by then); the transaction is then aborted, and
+// the caller's rollback ends it.
+func (l *Lease) UseToken(ctx context.Context, tx DB) error {
+	return UseTokens(ctx, tx, l)
+}
+
+// UseTokens is UseToken for several leases: it registers the token of every
+// lease in tx, in one statement, ordered by resource as Tx does (none or a
+// nil lease refused, a lease given twice counted once, two leases on one
+// resource refused, all before anything is sent).
+func UseTokens(ctx context.Context, tx DB, leases ...*Lease) error {
+	s, err := leasesOf(leases)
 	if err != nil {
 		return err
 	}
 	var status byte = 'T'
 	switch db := tx.(type) {
+	case nil:
+		return fmt.Errorf("pgfence: UseToken for %s: tx is nil", s)
 	case *pgxpool.Pool:
 		status = 'I' // each statement may run on another connection
 	case *pgx.Conn:
@@ -176,7 +259,7 @@ func (l *Lease) UseToken(ctx context.Context, tx DB, others ...*Lease) error {
 		return fmt.Errorf("pgfence: UseToken for %s needs a transaction (a pgx.Tx): outside one the token is forgotten when the statement ends", s)
 	}
 	if len(s) == 1 {
-		return s.txError(sqlfuncs.UseToken(ctx, tx, l.resource, l.token))
+		return s.txError(sqlfuncs.UseToken(ctx, tx, s[0].resource, s[0].token))
 	}
 	resources, tokens := s.tokens()
 	return s.txError(sqlfuncs.UseTokens(ctx, tx, resources, tokens))

@@ -34,17 +34,17 @@ func mustPanic(t *testing.T, f func()) {
 func TestTxRollsBackWhenFnPanics(t *testing.T) {
 	t.Parallel()
 
-	t.Run("TxConn", func(t *testing.T) {
+	t.Run("on a connection", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		c := b.client(t, nil, gofence.Config{})
-		l, err := c.Acquire(b.ctx, "job")
+		l, err := c.Acquire(b.ctx, "job", nil)
 		require.NoError(t, err)
 		defer l.Release(b.ctx)
 		conn := b.db.Conn(t)
 
 		mustPanic(t, func() {
-			_ = l.TxConn(b.ctx, conn, func(tx pgx.Tx) error {
+			_ = l.Tx(b.ctx, conn, func(tx pgx.Tx) error {
 				_, err := tx.Exec(b.ctx, `INSERT INTO work (who, token) VALUES ('panics', $1)`, l.Token())
 				require.NoError(t, err)
 				panic("handler bug")
@@ -63,7 +63,7 @@ func TestTxRollsBackWhenFnPanics(t *testing.T) {
 		b := setup(t)
 		pool := closingPool(t, b.db.URL, 1)
 		c := b.client(t, nil, gofence.Config{})
-		l, err := c.Acquire(b.ctx, "job")
+		l, err := c.Acquire(b.ctx, "job", nil)
 		require.NoError(t, err)
 		defer l.Release(b.ctx)
 
@@ -94,7 +94,7 @@ func TestUseTokenFencesTheCallersTransaction(t *testing.T) {
 	_, err := b.db.Pool.Exec(b.ctx, `CREATE TABLE journal (line text)`)
 	require.NoError(t, err)
 	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "journal", "job", ""))
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
 
@@ -155,7 +155,7 @@ func (b *bundle) invRows(t *testing.T) string {
 
 func acquire(t *testing.T, b *bundle, c *gofence.Client, resource string) *gofence.Lease {
 	t.Helper()
-	l, err := c.Acquire(b.ctx, resource)
+	l, err := c.Acquire(b.ctx, resource, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Release(context.Background()) })
 	return l
@@ -172,20 +172,20 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		t.Parallel()
 		b, c := rowsSetup(t)
 		l1, l2 := acquire(t, b, c, "inv:1"), acquire(t, b, c, "inv:2")
-		require.NoError(t, l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		require.NoError(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2}}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b')`)
 			return err
-		}, l2))
+		}))
 		require.Equal(t, "1:a,2:b", b.invRows(t))
 		// The order of the leases does not matter, nor does the form.
-		require.NoError(t, l2.TxWithOptions(b.ctx, b.db.Pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+		require.NoError(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l2, l1}, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(b.ctx, `UPDATE inv SET note = note || '!'`)
 			return err
-		}, l1))
-		require.NoError(t, l1.TxConn(b.ctx, b.db.Conn(t), func(tx pgx.Tx) error {
+		}))
+		require.NoError(t, gofence.Tx(b.ctx, b.db.Conn(t), &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2}}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(b.ctx, `DELETE FROM inv WHERE id = 2`)
 			return err
-		}, l2))
+		}))
 		require.Equal(t, "1:a!", b.invRows(t))
 	})
 
@@ -215,11 +215,11 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		_, err := sqlfuncs.Revoke(b.ctx, b.db.Pool, "inv:2") // an operator, in another session
 		require.NoError(t, err)
 		ran := false
-		err = l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		err = gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2, l3}}, func(tx pgx.Tx) error {
 			ran = true
 			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b'), (3, 'c')`)
 			return err
-		}, l2, l3)
+		})
 		require.ErrorIs(t, err, gofence.ErrStaleToken)
 		require.False(t, ran, "the tokens are checked with BEGIN, before fn")
 		require.ErrorContains(t, err, "stale fencing token")
@@ -228,11 +228,11 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		// Once the lease knows it is lost, the error says so too, and names
 		// every lease of the transaction.
 		require.ErrorIs(t, l2.Renew(b.ctx), gofence.ErrLost)
-		err = l3.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error { return nil }, l1, l2)
+		err = gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l3, l1, l2}}, func(tx pgx.Tx) error { return nil })
 		require.ErrorIs(t, err, gofence.ErrStaleToken)
 		require.ErrorIs(t, err, gofence.ErrLost)
 		require.ErrorContains(t, err, fmt.Sprintf("transaction under inv:3 token %d, inv:1 token %d, inv:2 token %d:", l3.Token(), l1.Token(), l2.Token()))
-		require.NoError(t, l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error { return nil }, l3), "the others still hold")
+		require.NoError(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l3}}, func(tx pgx.Tx) error { return nil }), "the others still hold")
 		require.Empty(t, b.invRows(t))
 	})
 
@@ -243,12 +243,12 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		inside, proceed := make(chan struct{}), make(chan struct{})
 		txDone := make(chan error, 1)
 		go func() {
-			txDone <- l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+			txDone <- gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2}}, func(tx pgx.Tx) error {
 				close(inside)
 				<-proceed
 				_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b')`)
 				return err
-			}, l2)
+			})
 		}()
 		<-inside
 		op := b.db.Conn(t) // the operator's session
@@ -269,10 +269,10 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		require.NoError(t, <-txDone, "the writes under both tokens commit before the revoke")
 		require.NoError(t, <-revoked)
 		require.Equal(t, "1:a,2:b", b.invRows(t))
-		err := l1.Tx(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		err := gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2}}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(b.ctx, `UPDATE inv SET note = 'late'`)
 			return err
-		}, l2)
+		})
 		require.ErrorIs(t, err, gofence.ErrStaleToken)
 		require.Equal(t, "1:a,2:b", b.invRows(t))
 	})
@@ -287,15 +287,15 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 			_, err := tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b')`)
 			return err
 		}
-		err := l1.Tx(b.ctx, b.db.Pool, fn, l2, nil)
+		err := gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2, nil}}, fn)
 		require.ErrorContains(t, err, "is nil")
 		require.False(t, ran, "refused before anything was sent")
 		var none *gofence.Lease
-		require.ErrorContains(t, none.Tx(b.ctx, b.db.Pool, fn, l1, l2), "nil *Lease")
+		require.ErrorContains(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{none, l1, l2}}, fn), "nil *Lease")
 		require.False(t, ran)
 
 		// The same lease twice counts once.
-		require.NoError(t, l1.Tx(b.ctx, b.db.Pool, fn, l2, l1, l2))
+		require.NoError(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l1, l2, l1, l2}}, fn))
 		require.Equal(t, "1:a,2:b", b.invRows(t))
 
 		// An old lease and a new one on the same resource: at most one can
@@ -304,7 +304,7 @@ func TestTxUnderSeveralLeases(t *testing.T) {
 		require.NoError(t, err)
 		newer := acquire(t, b, c, "inv:1")
 		ran = false
-		err = newer.Tx(b.ctx, b.db.Pool, fn, l2, l1)
+		err = gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{newer, l2, l1}}, fn)
 		require.ErrorContains(t, err, "two leases on inv:1")
 		require.False(t, ran)
 	})
@@ -321,7 +321,7 @@ func TestUseTokenWithSeveralLeases(t *testing.T) {
 		tx, err := b.db.Pool.Begin(b.ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(b.ctx)
-		require.NoError(t, l1.UseToken(b.ctx, tx, l2, l3))
+		require.NoError(t, gofence.UseTokens(b.ctx, tx, l1, l2, l3))
 		_, err = tx.Exec(b.ctx, `INSERT INTO inv VALUES (1, 'a'), (2, 'b'), (3, 'c')`)
 		require.NoError(t, err)
 		_, err = tx.Exec(b.ctx, `DELETE FROM inv WHERE id = 3`)
@@ -331,12 +331,12 @@ func TestUseTokenWithSeveralLeases(t *testing.T) {
 	})
 
 	t.Run("outside a transaction, or with a nil lease, it refuses", func(t *testing.T) {
-		err := l1.UseToken(b.ctx, b.db.Pool, l2)
+		err := gofence.UseTokens(b.ctx, b.db.Pool, l1, l2)
 		require.ErrorContains(t, err, "needs a transaction")
 		tx, err := b.db.Pool.Begin(b.ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(b.ctx)
-		require.ErrorContains(t, l1.UseToken(b.ctx, tx, nil), "is nil")
+		require.ErrorContains(t, gofence.UseTokens(b.ctx, tx, l1, nil), "is nil")
 		_, err = tx.Exec(b.ctx, `SELECT 1`)
 		require.NoError(t, err, "nothing was sent: the transaction is not aborted")
 	})
@@ -347,7 +347,7 @@ func TestUseTokenWithSeveralLeases(t *testing.T) {
 		tx, err := b.db.Pool.Begin(b.ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(b.ctx)
-		err = l1.UseToken(b.ctx, tx, l2, l3)
+		err = gofence.UseTokens(b.ctx, tx, l1, l2, l3)
 		require.ErrorIs(t, err, gofence.ErrStaleToken)
 		require.ErrorContains(t, err, "inv:3")
 		_, err = tx.Exec(b.ctx, `UPDATE inv SET note = 'x'`)
@@ -364,7 +364,7 @@ func TestTxKeepsTheFunctionsError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
 
@@ -378,4 +378,103 @@ func TestTxKeepsTheFunctionsError(t *testing.T) {
 	require.True(t, errors.Is(err, gofence.ErrStaleToken) || errors.Is(err, gofence.ErrUnknownToken), "%v", err)
 	require.ErrorIs(t, err, errMine, "Tx lost the function's own error: %v", err)
 	require.ErrorContains(t, err, "writing row 42")
+}
+
+// Tx takes whatever begins a transaction: a pool, a *pgxpool.Conn, a
+// *pgx.Conn, or a pgx.Tx, in which it fences a savepoint: its writes are
+// fenced, a stale lease rolls back the savepoint only, and the outer
+// transaction goes on.
+func TestTxOnEveryBeginner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+	l, err := c.Acquire(b.ctx, "job", nil)
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+	insert := func(who string) func(pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			// No token column assigned: only use_token lets the row in.
+			_, err := tx.Exec(b.ctx, `INSERT INTO work (who) VALUES ($1)`, who)
+			return err
+		}
+	}
+	pc, err := b.db.Pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer pc.Release()
+	require.NoError(t, l.Tx(b.ctx, b.db.Pool, insert("pool")))
+	require.NoError(t, l.Tx(b.ctx, pc, insert("pool conn")))
+	require.NoError(t, l.Tx(b.ctx, b.db.Conn(t), insert("conn")))
+
+	// In a pgx.Tx: a savepoint, which ends with the outer transaction.
+	outer, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer outer.Rollback(b.ctx)
+	require.NoError(t, l.Tx(b.ctx, outer, insert("savepoint, rolled back")))
+	require.NoError(t, outer.Rollback(b.ctx))
+
+	outer, err = b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer outer.Rollback(b.ctx)
+	require.NoError(t, l.Tx(b.ctx, outer, insert("savepoint, committed")))
+	require.NoError(t, outer.Commit(b.ctx))
+
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT who FROM work ORDER BY id`)
+	require.NoError(t, err)
+	who, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"pool", "pool conn", "conn", "savepoint, committed"}, who)
+
+	// A stale lease refuses the savepoint before fn runs; the outer
+	// transaction is still usable and commits what it wrote itself.
+	_, err = sqlfuncs.Revoke(b.ctx, b.db.Pool, "job")
+	require.NoError(t, err)
+	outer, err = b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer outer.Rollback(b.ctx)
+	err = l.Tx(b.ctx, outer, func(pgx.Tx) error { t.Error("fn ran under a stale token"); return nil })
+	require.ErrorIs(t, err, gofence.ErrStaleToken)
+	_, err = outer.Exec(b.ctx, `CREATE TABLE after_the_savepoint (x int)`)
+	require.NoError(t, err, "the outer transaction goes on")
+	require.NoError(t, outer.Commit(b.ctx))
+}
+
+// What Tx cannot honour it refuses before anything is sent: no lease, a
+// nil db, pgx's BeginQuery (Tx writes the BEGIN), transaction options in a
+// savepoint.
+func TestTxRefusesWhatItCannotHonour(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, nil, gofence.Config{TTL: 10 * time.Second})
+	l, err := c.Acquire(b.ctx, "job", nil)
+	require.NoError(t, err)
+	defer l.Release(b.ctx)
+	fn := func(pgx.Tx) error { t.Error("fn ran"); return nil }
+
+	require.ErrorContains(t, gofence.Tx(b.ctx, b.db.Pool, nil, fn), "at least one lease")
+	require.ErrorContains(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{}, fn), "at least one lease")
+	require.ErrorContains(t, l.Tx(b.ctx, nil, fn), "db is nil")
+	var none *gofence.Lease
+	require.ErrorContains(t, none.Tx(b.ctx, b.db.Pool, fn), "nil *Lease")
+	require.ErrorContains(t, gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l}, TxOptions: pgx.TxOptions{BeginQuery: "BEGIN"}}, fn), "BeginQuery")
+
+	outer, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer outer.Rollback(b.ctx)
+	err = gofence.Tx(b.ctx, outer, &gofence.TxOptions{Leases: []*gofence.Lease{l}, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, fn)
+	require.ErrorContains(t, err, "begins a savepoint")
+	_, err = outer.Exec(b.ctx, `SELECT 1`)
+	require.NoError(t, err, "nothing was sent: the outer transaction is not aborted")
+
+	// Options it can honour: a read-only serializable transaction on a pool.
+	err = gofence.Tx(b.ctx, b.db.Pool, &gofence.TxOptions{Leases: []*gofence.Lease{l}, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable, AccessMode: pgx.ReadOnly}}, func(tx pgx.Tx) error {
+		var iso, ro string
+		if err := tx.QueryRow(b.ctx, `SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')`).Scan(&iso, &ro); err != nil {
+			return err
+		}
+		if iso != "serializable" || ro != "on" {
+			return fmt.Errorf("isolation %s, read only %s", iso, ro)
+		}
+		return nil
+	})
+	require.NoError(t, err)
 }

@@ -31,7 +31,8 @@ const envLoadDuration = "PGFENCE_LOAD_DURATION"
 // through gofence from many connections for a fixed time, with connection
 // churn (every pooled connection lives at most a fraction of a second). It
 // checks that no error other than the expected ones happens (ErrHeld on a
-// busy resource, ErrStaleToken for a lease lost under load), that the lease
+// held resource, ErrBusy on one whose last writer's transaction is still
+// open, ErrStaleToken for a lease lost under load), that the lease
 // table holds one row per resource and does not grow under the renewals once
 // vacuumed (renewals are HOT updates), and that the Go client's memory stays
 // flat (heap after GC at the end within a margin of the heap after warm-up).
@@ -68,12 +69,12 @@ func TestSustainedLoad(t *testing.T) {
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
-	defer client.Close()
+	defer client.Close(context.Background())
 
 	var (
-		grants, renews, releases, writes, held, lostWrites, lateGrants atomic.Int64
-		unexpected                                                     []error
-		mu                                                             sync.Mutex
+		grants, renews, releases, writes, held, busy, lostWrites, lateGrants atomic.Int64
+		unexpected                                                           []error
+		mu                                                                   sync.Mutex
 	)
 	fail := func(err error) {
 		mu.Lock()
@@ -87,9 +88,13 @@ func TestSustainedLoad(t *testing.T) {
 		for ctx.Err() == nil {
 			n := rng.IntN(resources)
 			res := fmt.Sprintf("load/%d", n)
-			l, err := client.Acquire(ctx, res)
+			l, err := client.Acquire(ctx, res, nil)
 			if errors.Is(err, gofence.ErrHeld) {
 				held.Add(1)
+				continue
+			}
+			if errors.Is(err, gofence.ErrBusy) { // released, its writer's transaction still open
+				busy.Add(1)
 				continue
 			}
 			if errors.Is(err, gofence.ErrLost) { // answered after its trust deadline under load: given back
@@ -202,8 +207,8 @@ func TestSustainedLoad(t *testing.T) {
 	// per lease would show as thousands of objects).
 	require.Less(t, float64(heapAfter), float64(heapBefore)*1.5+4<<20,
 		"Go heap grew from %d to %d bytes", heapBefore, heapAfter)
-	t.Logf("load for %s: %d grants, %d renewals, %d releases, %d writes, %d held, %d grants answered too late (given back), %d stale writes refused after a loss; "+
+	t.Logf("load for %s: %d grants, %d renewals, %d releases, %d writes, %d held, %d busy, %d grants answered too late (given back), %d stale writes refused after a loss; "+
 		"lease table %d rows, %v pages after each VACUUM, %d of %d updates HOT (since migration 3 grants are HOT updates too); heap %d -> %d bytes",
-		duration, grants.Load(), renews.Load(), releases.Load(), writes.Load(), held.Load(), lateGrants.Load(), lostWrites.Load(),
+		duration, grants.Load(), renews.Load(), releases.Load(), writes.Load(), held.Load(), busy.Load(), lateGrants.Load(), lostWrites.Load(),
 		rows, pages, hot, upd, heapBefore, heapAfter)
 }

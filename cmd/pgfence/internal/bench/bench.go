@@ -56,7 +56,7 @@ type Options struct {
 	// BigResources is the number of rows in the lease table for the big side
 	// of the scale scenario.
 	BigResources int
-	// Waiters is the number of clients waiting in AcquireWait in the handoff
+	// Waiters is the number of clients waiting for the lease in the handoff
 	// scenario.
 	Waiters int
 	// PollInterval is the gofence PollInterval of the polling-only handoff.
@@ -396,6 +396,15 @@ func (b *bench) closePool(pool *pgxpool.Pool) {
 	}
 }
 
+// closeClient closes a bench client, waiting at most poolCloseWait for
+// the acquires it may still have in flight (the bench hands every lease
+// back itself).
+func closeClient(c *gofence.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), poolCloseWait)
+	defer cancel()
+	_ = c.Close(ctx)
+}
+
 // benchEnv is the main bench database, shared by every scenario but scale.
 type benchEnv struct {
 	pool   *pgxpool.Pool // synchronous_commit as the server says
@@ -424,7 +433,7 @@ func (b *bench) setup(ctx context.Context) (*benchEnv, error) {
 		b.closePool(pool)
 		return nil, err
 	}
-	env := &benchEnv{pool: pool, rt: rt, client: client, close: func() { client.Close(); b.closePool(pool) }}
+	env := &benchEnv{pool: pool, rt: rt, client: client, close: func() { closeClient(client); b.closePool(pool) }}
 	stmts := []string{benchLeaseTable}
 	for _, t := range []string{"bench_guarded", "bench_unguarded"} {
 		stmts = append(stmts, fmt.Sprintf(benchWriteTable, t), fmt.Sprintf(benchWriteRows, t))

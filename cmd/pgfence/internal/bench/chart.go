@@ -111,7 +111,7 @@ func handoffChart(s *ScenarioResult, r *Report) string {
 	if len(series) == 0 {
 		return ""
 	}
-	title := fmt.Sprintf("Lock handoff: release to next grant, %s waiters (%d CPUs, %s)",
+	title := fmt.Sprintf("Lease handoff: release to next grant, %s waiters (%d CPUs, %s)",
 		strconv.Itoa(r.Settings.Waiters), r.Machine.CPUs, shortVersion(r.Machine.PostgreSQL))
 	return lineChart(title,
 		chartAxis{label: "milliseconds (log scale)", log: true},

@@ -164,8 +164,8 @@ func (b *bench) rowsScenario(ctx context.Context, s *ScenarioResult) error {
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	l, err := client.Acquire(ctx, guardResource)
+	defer closeClient(client)
+	l, err := client.Acquire(ctx, guardResource, nil)
 	if err != nil {
 		return err
 	}

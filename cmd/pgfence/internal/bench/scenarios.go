@@ -56,9 +56,9 @@ func gofenceGrant(name string, clients int, client *gofence.Client, prefix strin
 	return workload{name: name, clients: clients, worker: func(_ context.Context, id int) (func(context.Context) error, func(), error) {
 		rng := newRand(id)
 		return func(ctx context.Context) error {
-			l, err := client.Acquire(ctx, prefix+strconv.Itoa(rng.IntN(n)+1))
-			if errors.Is(err, gofence.ErrHeld) {
-				return errHeld
+			l, err := client.Acquire(ctx, prefix+strconv.Itoa(rng.IntN(n)+1), nil)
+			if errors.Is(err, gofence.ErrHeld) || errors.Is(err, gofence.ErrBusy) {
+				return errHeld // not granted: another client has it, or just had it
 			}
 			if err != nil {
 				return err
@@ -152,7 +152,7 @@ func (b *bench) roundTrips(ctx context.Context, env *benchEnv, s *ScenarioResult
 		res := "rt-probe-" + strconv.Itoa(i%3)
 		var l *gofence.Lease
 		steps := [3]func() error{
-			func() (err error) { l, err = env.client.Acquire(ctx, res); return err },
+			func() (err error) { l, err = env.client.Acquire(ctx, res, nil); return err },
 			func() error { return l.Renew(ctx) },
 			func() error { return l.Release(ctx) },
 		}
@@ -230,7 +230,7 @@ func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 		return err
 	}
 	defer b.closePool(off)
-	l, err := env.client.Acquire(ctx, guardResource)
+	l, err := env.client.Acquire(ctx, guardResource, nil)
 	if err != nil {
 		return err
 	}
@@ -269,11 +269,12 @@ func (b *bench) guardedScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 // ---------------------------------------------------------------------------
 
 // handoffSlice runs len(clients) clients in a chain on resource for d: each
-// one in turn gets the lease from AcquireWait, holds it a moment (so that the others
-// are all waiting), notes the time and releases it, and waits for the next
-// grant before it asks again (so a releaser never re-takes its own lease).
+// one in turn gets the lease from a waiting Acquire, holds it a moment (so
+// that the others are all waiting), notes the time and releases it, and
+// waits for the next grant before it asks again (so a releaser never
+// re-takes its own lease).
 // A sample is the time from the start of Release to the return of the next
-// holder's AcquireWait.
+// holder's waiting Acquire.
 func handoffSlice(ctx context.Context, clients []*gofence.Client, resource string, d time.Duration) ([]time.Duration, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -289,7 +290,7 @@ func handoffSlice(ctx context.Context, clients []*gofence.Client, resource strin
 	for _, c := range clients {
 		wg.Go(func() {
 			for {
-				l, err := c.AcquireWait(sctx, resource)
+				l, err := c.Acquire(sctx, resource, &gofence.LeaseOptions{Wait: true})
 				now := time.Now()
 				if err != nil {
 					if sctx.Err() == nil {
@@ -379,7 +380,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 	var notify, poll []*gofence.Client
 	defer func() {
 		for _, c := range append(notify, poll...) {
-			c.Close()
+			closeClient(c)
 		}
 	}()
 	for i := range b.o.Waiters {
@@ -398,7 +399,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 	var nSamples, pSamples, rtSamples, cSamples []time.Duration
 	n := 0
 	slice := func(d time.Duration, record bool) error {
-		// A fresh resource per slice: an AcquireWait cancelled at the end of a slice
+		// A fresh resource per slice: a waiting Acquire cancelled at the end of a slice
 		// may have been granted on the server after all (its reply was
 		// lost to the cancellation), and that lease stays until its TTL.
 		n++
@@ -447,7 +448,7 @@ func (b *bench) handoffScenario(ctx context.Context, env *benchEnv, s *ScenarioR
 	s.fact("NOTIFY handoff p50 in synchronous commits", ln.P50Ms/lc.P50Ms, "commits (a handoff holds a release and a grant)")
 	s.atMost("handoff p50 with NOTIFY, in round trips (SELECT 1 p50)", ln.P50Ms/lr.P50Ms, 5)
 	s.atMost("handoff p99 polling only, in PollInterval (jitter allows 1.25)", lp.P99Ms/msOf(b.o.PollInterval), 1.25)
-	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's AcquireWait", b.o.Waiters))
+	s.Notes = append(s.Notes, fmt.Sprintf("%d waiters, each its own gofence.Client (own LISTEN connection) on one pool; a sample runs from the start of Release to the return of the next holder's waiting Acquire", b.o.Waiters))
 	return nil
 }
 
@@ -569,12 +570,12 @@ func (b *bench) scaleScenario(ctx context.Context, s *ScenarioResult) error {
 	if err != nil {
 		return err
 	}
-	defer cs.Close()
+	defer closeClient(cs)
 	cb, err := gofence.New(big, &gofence.Config{Holder: "bench-scale", Logger: b.log})
 	if err != nil {
 		return err
 	}
-	defer cb.Close()
+	defer closeClient(cb)
 	cmps, err := b.interleave(ctx, []pair{{
 		key:  cmpKey{what: cmpScale, clients: c},
 		name: fmt.Sprintf("grant at %d vs %d resources, %d clients", b.o.BigResources, scaleSmall, c),
@@ -604,7 +605,7 @@ func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofen
 		}
 	}()
 	for i := range c * perClient {
-		l, err := client.Acquire(ctx, "s-"+strconv.Itoa(i+1))
+		l, err := client.Acquire(ctx, "s-"+strconv.Itoa(i+1), nil)
 		if err != nil {
 			return err
 		}
@@ -659,7 +660,7 @@ func (b *bench) renewLoop(ctx context.Context, pool *pgxpool.Pool, client *gofen
 // ---------------------------------------------------------------------------
 
 func (b *bench) scalingScenario(ctx context.Context, env *benchEnv, s *ScenarioResult) error {
-	l, err := env.client.Acquire(ctx, guardResource)
+	l, err := env.client.Acquire(ctx, guardResource, nil)
 	if err != nil {
 		return err
 	}

@@ -41,9 +41,9 @@ Scenarios (--scenario):
            on and off; one UPDATE of 10,000 rows of 10,000 leased resources
            (a token per row) vs the same UPDATE unprotected, and where the
            guarded one spends its time (EXPLAIN ANALYZE, per trigger)
-  handoff  --waiters waiters in gofence AcquireWait on one resource: time from a
-           release to the next grant (p50, p99), with NOTIFY and with polling
-           only, against one round trip (SELECT 1)
+  handoff  --waiters waiters in gofence Acquire (LeaseOptions.Wait) on one
+           resource: time from a release to the next grant (p50, p99), with
+           NOTIFY and with polling only, against one round trip (SELECT 1)
   scale    grant throughput with 1,000 vs --big-resources rows in the lease
            table; a renew loop: HOT share, dead tuples, table size
   scaling  grant and guarded-write throughput at 1, 2, 4, 8, 16, 32 clients
@@ -93,7 +93,7 @@ role needs CREATEDB. The default run takes about a minute and a half.`,
 	f.StringVar(&o.Scenario, "scenario", "all", "all, or one of "+strings.Join(bench.Scenarios, ", "))
 	f.StringVar(&o.ChartDir, "chart-dir", "", "write SVG charts (bench-client-scaling.svg, bench-handoff.svg) into this directory")
 	f.IntVar(&o.BigResources, "big-resources", 100_000, "rows in the lease table for the big side of scale (the target in docs/benchmarks.md is stated at 1000000)")
-	f.IntVar(&o.Waiters, "waiters", 4, "clients waiting in AcquireWait for the handoff scenario")
+	f.IntVar(&o.Waiters, "waiters", 4, "clients waiting for the lease (gofence LeaseOptions.Wait) in the handoff scenario")
 	f.DurationVar(&o.PollInterval, "poll-interval", 100*time.Millisecond, "gofence PollInterval of the polling-only handoff")
 	return cmd
 }

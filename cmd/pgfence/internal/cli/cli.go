@@ -30,10 +30,12 @@ const (
 	// ExitUsage: the command line could not be parsed.
 	ExitUsage = 2
 	// ExitHeld: acquire was not granted (another live lease holds the
-	// resource), or renew found the token no longer live.
+	// resource, or it is busy: the previous holder's guarded transaction is
+	// still open), or renew found the token no longer live.
 	ExitHeld = 3
 	// ExitRunNotAcquired: pgfence run did not start the command because
-	// another holder has the lease (with --wait --timeout: still had it at the
+	// another holder has the lease, or the previous holder's guarded
+	// transaction is still open (with --wait --timeout: still at the
 	// timeout). Only then: any other failure is ExitError, so that a wrapper
 	// may read 75 as "another instance is running". The default of
 	// --conflict-exit-code (-E), which picks another code.
@@ -215,7 +217,7 @@ func message(err error) string {
 var apiToFlags = strings.NewReplacer(
 	"Config.TTL", "--ttl",
 	"Config.Holder", "--holder",
-	"use AcquireWait to wait for it", "pass --wait to wait for it",
+	"set LeaseOptions.Wait to wait for it", "pass --wait to wait for it",
 	"TTL - SafetyMargin", "--ttl - TTL/10",
 	" (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec)", "",
 	" (or gofence.Migrate)", "",
@@ -357,9 +359,14 @@ var closeWait = 3 * time.Second
 // exiting. The CLI exits soon after, which closes such a connection anyway.
 func closePool(pool *pgxpool.Pool) { bounded(pool.Close) }
 
-// closeClient stops the client's listener, waiting at most closeWait (its
-// connection may sit on a network that no longer answers).
-func closeClient(c *gofence.Client) { bounded(c.Close) }
+// closeClient closes the client (its acquires in flight, its listener),
+// waiting at most closeWait: its connections may sit on a network that no
+// longer answers.
+func closeClient(c *gofence.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	_ = c.Close(ctx)
+}
 
 // bounded runs fn and waits for it at most closeWait; past that, fn goes on
 // in the background.

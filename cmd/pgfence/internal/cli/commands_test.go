@@ -101,7 +101,7 @@ func TestLeaseCommands(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 		go func() {
-			// Release once the CLI waits: its Lock has set the lease's
+			// Release once the CLI waits: its waiting Acquire has set the lease's
 			// waiters flag (fence.acquire(..., waiting => true)).
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 				var waiting bool
@@ -229,6 +229,38 @@ func TestRun(t *testing.T) {
 		require.Equal(t, cli.ExitRunNotAcquired, code)
 		require.Contains(t, errOut, "not acquired")
 		require.NoFileExists(t, marker)
+	})
+
+	// Busy (nobody holds the lease, the previous holder's guarded
+	// transaction is still open) is another instance still at work too:
+	// run exits with the conflict code, acquire with 3, each saying busy.
+	t.Run("busy: 75, and acquire 3", func(t *testing.T) {
+		tok, ok, err := sqlfuncs.Acquire(t.Context(), db.Pool, "open", "old", 100*time.Millisecond)
+		require.NoError(t, err)
+		require.True(t, ok)
+		tx, err := db.Pool.Begin(t.Context())
+		require.NoError(t, err)
+		defer tx.Rollback(context.Background())
+		require.NoError(t, sqlfuncs.UseToken(t.Context(), tx, "open", tok))
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			row, _, err := sqlfuncs.GetLease(t.Context(), db.Pool, "open")
+			require.NoError(t, err)
+			if !row.Live {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the lease never expired")
+		}
+		// Grants give up waiting for the gate after 100ms instead of 2s.
+		fast := url + "&fence.grant_wait=100ms"
+		marker := filepath.Join(t.TempDir(), "ran")
+		code, _, errOut := run(t, "run", "open", fast, "--", "touch", marker)
+		require.Equal(t, cli.ExitRunNotAcquired, code, errOut)
+		require.Contains(t, errOut, "resource busy")
+		require.Contains(t, errOut, "pass --wait to wait for it")
+		require.NoFileExists(t, marker)
+		code, _, errOut = run(t, "acquire", "open", fast)
+		require.Equal(t, cli.ExitHeld, code, errOut)
+		require.Contains(t, errOut, "resource busy")
 	})
 }
 

@@ -82,7 +82,7 @@ func doctorPoolerCheck(ctx context.Context, pool *pgxpool.Pool, add func(check, 
 		b.Release()
 	}
 	add("pooler", "warn", "connected through "+mode+"; the CLI, TTL leases, guards and fenced transactions work through it",
-		"session leases (gofence AcquireSession refuses), fence.try_lock/unlock and LISTEN need a direct connection; see README, Behind a connection pooler")
+		"session leases (gofence LeaseOptions.Session refuses), fence.try_lock/unlock and LISTEN need a direct connection; see README, Behind a connection pooler")
 }
 
 // serviceGuess names the service the setting prefixes suggest.

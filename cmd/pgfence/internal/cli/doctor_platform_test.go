@@ -25,7 +25,7 @@ func TestDoctorPlatform(t *testing.T) {
 		code, out, errOut := run(t, "doctor", "--database-url", pb.URL(db.URL))
 		require.Equal(t, cli.ExitOK, code, "stderr: %s\nstdout: %s", errOut, out)
 		require.Regexp(t, `WARN\s+pooler\s+connected through a pooler in transaction mode`, out)
-		require.Contains(t, out, "AcquireSession refuses")
+		require.Contains(t, out, "LeaseOptions.Session refuses")
 	})
 
 	t.Run("a service that refuses the WAL functions", func(t *testing.T) {

@@ -66,7 +66,7 @@ func gofenceNames(t *testing.T) (top map[string]bool, members map[string]bool) {
 				}
 				if id, ok := recv.(*ast.Ident); ok {
 					members[id.Name+"."+d.Name.Name] = true
-					top[d.Name.Name] = true // a method named alone: "AcquireWait"
+					top[d.Name.Name] = true // a method named alone: "Acquire"
 				}
 			case *ast.GenDecl:
 				for _, spec := range d.Specs {
@@ -104,15 +104,15 @@ var notAPI = map[string]bool{"PostgreSQL": true, "PgBouncer": true, "Linux": tru
 
 // TestHelpNamesOnlyExistingAPI: every name of package gofence that the help
 // text mentions exists ("waiters in gofence Lock" outlived the rename of Lock
-// to AcquireWait). Checked: Type.Member ("Lease.Tx"); a word after
-// "gofence" ("gofence AcquireWait"); a word with an inner capital
+// to AcquireWait, which became LeaseOptions.Wait). Checked: Type.Member
+// ("Lease.Tx"); a word after "gofence" ("gofence Acquire"); a word with an inner capital
 // ("PollInterval"); a capitalized word inside a sentence ("clients waiting in
 // Lock"). Words in capitals (SIGTERM, TTL, JSON) and the proper nouns of
 // notAPI are not names.
 func TestHelpNamesOnlyExistingAPI(t *testing.T) {
 	t.Parallel()
 	top, members := gofenceNames(t)
-	require.True(t, top["AcquireWait"] && members["Lease.Tx"] && top["PollInterval"], "the reading of gofence's names works")
+	require.True(t, top["Acquire"] && members["Lease.Tx"] && members["LeaseOptions.Wait"] && top["PollInterval"], "the reading of gofence's names works")
 
 	dotted := regexp.MustCompile(`\b([A-Z][A-Za-z0-9]*)\.([A-Z][A-Za-z0-9]*)\b`)
 	afterGofence := regexp.MustCompile(`\bgofence(?:'s)?[ .]([A-Z][A-Za-z0-9]*)`)

@@ -36,7 +36,9 @@ func newAcquireCmd(g *globals) *cobra.Command {
 		Long: `acquire takes a TTL lease on RESOURCE and prints its fencing token. The
 lease is not kept alive after the command exits: renew it (pgfence renew)
 before the TTL runs out, or use pgfence run to hold it while a command runs.
-Exit code 3 when another live lease holds the resource (without --wait).`,
+Exit code 3 when another live lease holds the resource, or when the
+previous holder's guarded transaction is still open (busy: try again);
+--wait waits through both.`,
 		Example: `  TOKEN=$(pgfence acquire nightly-report --ttl 5m)
   pgfence acquire nightly-report --wait --timeout 30s --json`,
 		Args: cobra.ExactArgs(1),
@@ -53,8 +55,8 @@ Exit code 3 when another live lease holds the resource (without --wait).`,
 					return exitError{ExitHeld, fmt.Errorf("%s was not granted within %s (--timeout; another holder kept it)", args[0], timeout)}
 				case errors.As(err, &held):
 					return exitError{ExitHeld, errors.New(heldMessage(held))}
-				case errors.Is(err, gofence.ErrHeld):
-					return exitError{ExitHeld, fmt.Errorf("%w; pass --wait to wait for it", err)}
+				case errors.Is(err, gofence.ErrBusy):
+					return exitError{ExitHeld, err}
 				}
 				if err != nil {
 					return err
@@ -81,14 +83,14 @@ Exit code 3 when another live lease holds the resource (without --wait).`,
 // is positive, with an error matching context.DeadlineExceeded).
 func takeLease(ctx context.Context, c *gofence.Client, resource string, wait bool, timeout time.Duration) (*gofence.Lease, error) {
 	if !wait {
-		return c.Acquire(ctx, resource)
+		return c.Acquire(ctx, resource, nil)
 	}
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	return c.AcquireWait(ctx, resource)
+	return c.Acquire(ctx, resource, &gofence.LeaseOptions{Wait: true})
 }
 
 // heldMessage says who holds the resource and how to wait for it, in the

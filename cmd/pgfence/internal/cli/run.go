@@ -49,8 +49,9 @@ anyone else. A shell wrapper cannot keep a grandchild alive: the whole group
 is signalled.
 
 Exit code: COMMAND's own when it ran to its end (128+N when killed by signal
-N); 75 (-E/--conflict-exit-code) when another holder has the lease (or,
-with --wait --timeout, still had it at the timeout): COMMAND never started;
+N); 75 (-E/--conflict-exit-code) when another holder has the lease or the
+previous holder's guarded transaction is still open (or, with --wait
+--timeout, still at the timeout): COMMAND never started;
 76 (--lost-exit-code) when the lease was lost and COMMAND was stopped; 1 for
 every other failure before COMMAND started (no kit, no server, no
 privilege); 2 for a command line that does not parse. COMMAND may exit with
@@ -130,7 +131,9 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 		switch {
 		case errors.As(err, &held):
 			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: %s", resource, argv[0], heldMessage(held))}
-		case errors.Is(err, gofence.ErrHeld):
+		case errors.Is(err, gofence.ErrBusy):
+			// The previous holder's guarded transaction is still open:
+			// that instance is still at work.
 			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: %w", resource, argv[0], err)}
 		case wait && timeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 			return exitError{codes.conflict, fmt.Errorf("%s not acquired, %s not started: not granted within %s (--timeout; another holder kept it)", resource, argv[0], timeout)}

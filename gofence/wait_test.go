@@ -16,16 +16,16 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// lockRound has n waiters queue on "job" behind a holder; each waiter holds
+// waitRound has n waiters queue on "job" behind a holder; each waiter holds
 // the lease briefly, writes under it and releases. It checks that no two
 // hold at once and that tokens strictly increase, and returns the handoff
 // latencies (release returned -> next holder granted).
-func lockRound(t *testing.T, b *bundle, n int, cfg gofence.Config) []time.Duration {
+func waitRound(t *testing.T, b *bundle, n int, cfg gofence.Config) []time.Duration {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second) // a waiter that is never woken fails the test here
 	defer cancel()
 	first := b.client(t, nil, cfg)
-	l, err := first.Acquire(ctx, "job")
+	l, err := first.Acquire(ctx, "job", nil)
 	require.NoError(t, err)
 
 	var (
@@ -41,7 +41,7 @@ func lockRound(t *testing.T, b *bundle, n int, cfg gofence.Config) []time.Durati
 		c := b.client(t, nil, cfg)
 		wg.Go(func() {
 			ready.Done()
-			l, err := c.AcquireWait(ctx, "job")
+			l, err := c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
 			require.NoError(t, err)
 			granted := time.Now()
 			require.Equal(t, int32(1), holding.Add(1), "two holders at once")
@@ -76,23 +76,23 @@ func median(d []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func TestLockWaitersAreWokenByNotification(t *testing.T) {
+func TestWaitersAreWokenByNotification(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Polling every minute: only notifications can hand the lease over
 	// within the round's 30 s.
-	h := lockRound(t, b, 4, gofence.Config{TTL: 10 * time.Second, PollInterval: time.Minute})
+	h := waitRound(t, b, 4, gofence.Config{TTL: 10 * time.Second, PollInterval: time.Minute})
 	t.Logf("handoff with NOTIFY: median %s, max %s", median(h), slices.Max(h))
 }
 
-func TestLockWaitersGetTheirTurnByPollingAlone(t *testing.T) {
+func TestWaitersGetTheirTurnByPollingAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := lockRound(t, b, 4, gofence.Config{TTL: 10 * time.Second, PollInterval: 50 * time.Millisecond, DisableNotify: true})
+	h := waitRound(t, b, 4, gofence.Config{TTL: 10 * time.Second, PollInterval: 50 * time.Millisecond, DisableNotify: true})
 	t.Logf("handoff by polling every 50ms: median %s, max %s", median(h), slices.Max(h))
 }
 
-func TestLockWaitsForExpiryOfACrashedHolder(t *testing.T) {
+func TestWaiterAsksAgainAtTheExpiryOfACrashedHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// A holder that crashed: its lease was granted and is never renewed nor
@@ -104,16 +104,16 @@ func TestLockWaitsForExpiryOfACrashedHolder(t *testing.T) {
 	waiter := b.client(t, nil, gofence.Config{TTL: 10 * time.Second, PollInterval: time.Minute})
 	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
-	l, err := waiter.AcquireWait(ctx, "job")
+	l, err := waiter.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
 	require.NoError(t, err)
 	require.NoError(t, l.Release(b.ctx))
 }
 
-func TestLockStopsWhenTheContextEnds(t *testing.T) {
+func TestWaiterStopsWhenTheContextEnds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, nil, gofence.Config{})
-	l, err := c.Acquire(b.ctx, "job")
+	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 	defer l.Release(b.ctx)
 	ctx, cancel := context.WithCancel(b.ctx)
@@ -122,17 +122,17 @@ func TestLockStopsWhenTheContextEnds(t *testing.T) {
 		}
 		cancel()
 	}()
-	_, err = c.AcquireWait(ctx, "job")
+	_, err = c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
 	require.ErrorIs(t, err, context.Canceled)
 }
 
-// TestLockHandoffUnderChurn: four clients take turns on one resource as fast
-// as they can (hold 1 ms, release, AcquireWait again), with polling set to a minute
+// TestHandoffUnderChurn: four clients take turns on one resource as fast
+// as they can (hold 1 ms, release, a waiting Acquire again), with polling set to a minute
 // and a 30 s lease: every handoff must come from a notification. The first
 // version of the waiter flag took a row lock before the gate in one path and
 // deadlocked with a grant now and then (a 1 s stall per deadlock_timeout,
 // then a retry); with a minute of polling, a missed wake-up fails this test.
-func TestLockHandoffUnderChurn(t *testing.T) {
+func TestHandoffUnderChurn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
@@ -150,9 +150,9 @@ func TestLockHandoffUnderChurn(t *testing.T) {
 	for _, c := range clients {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				l, err := c.AcquireWait(ctx, "job")
+				l, err := c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
 				if err != nil {
-					t.Errorf("Lock: %v (a waiter was not woken)", err)
+					t.Errorf("Acquire: %v (a waiter was not woken)", err)
 					return
 				}
 				handoffs.Add(1)
@@ -166,7 +166,7 @@ func TestLockHandoffUnderChurn(t *testing.T) {
 	}
 	wg.Wait()
 	for _, c := range clients {
-		c.Close()
+		require.NoError(t, c.Close(ctx))
 	}
 	pool.Close()
 	// A deadlock between a waiter and a grant costs deadlock_timeout and a

@@ -10,48 +10,13 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// AcquireWait waits until it is granted a TTL lease on resource, or ctx is done.
+// wait calls try until it grants a lease, fails with an error that is
+// neither "held", "busy" nor transient, or ctx is done (LeaseOptions.Wait).
 // It is woken by the NOTIFY that fence.release and fence.revoke send (one
 // dedicated LISTEN connection per Client), and asks again every
 // PollInterval (jittered) or when the held lease expires by the server's
-// clock, whichever comes first (soon, when the lease turned out to have
-// ended already), so lost notifications and poolers that block LISTEN cost
-// latency, never progress. Options (WithHolder, WithTTL) override the
-// Client's Config for this lease. A grant that came back after its trust
-// deadline is given back, and AcquireWait returns an error matching ErrLost
-// that says so (waiting longer would not make the round trip shorter).
-// When ctx ends while a grant is on its way, AcquireWait returns at once and
-// the grant is given back when it comes.
-func (c *Client) AcquireWait(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
-	t, err := c.leaseTimings(opts)
-	if err != nil {
-		return nil, err
-	}
-	return c.wait(ctx, resource, func() (*Lease, error) {
-		return c.acquire(ctx, resource, !c.cfg.DisableNotify, t)
-	})
-}
-
-// AcquireSessionWait is the waiting variant of AcquireSession: it waits until it
-// is granted a session lease on resource, or ctx is done. It asks again
-// every PollInterval (jittered), when a TTL holder's lease expires by the
-// server's clock, and when a release notification for resource arrives;
-// fence.acquire_session cannot ask the holder's release to send one (as
-// fence.acquire does for AcquireWait), so a release is usually noticed by polling:
-// lower Config.PollInterval for a faster handoff. It holds a pool
-// connection only while it asks, and a dedicated one once granted.
-func (c *Client) AcquireSessionWait(ctx context.Context, resource string, opts ...LeaseOption) (*Lease, error) {
-	t, err := c.sessionTimings(opts)
-	if err != nil {
-		return nil, err
-	}
-	return c.wait(ctx, resource, func() (*Lease, error) {
-		return c.acquireSession(ctx, resource, t)
-	})
-}
-
-// wait calls try until it grants a lease, fails with an error that is
-// neither "held" nor transient, or ctx is done.
+// clock, whichever comes first, so lost notifications and poolers that
+// block LISTEN cost latency, never progress.
 func (c *Client) wait(ctx context.Context, resource string, try func() (*Lease, error)) (*Lease, error) {
 	var wake <-chan struct{}
 	if !c.cfg.DisableNotify {
@@ -68,12 +33,13 @@ func (c *Client) wait(ctx context.Context, resource string, try func() (*Lease, 
 			return l, nil
 		}
 		var held *HeldError
-		if !errors.As(err, &held) && !transient(err) {
+		busy := errors.Is(err, ErrBusy)
+		if !errors.As(err, &held) && !busy && !transient(err) {
 			return nil, err
 		}
 		wait := jitter(c.cfg.PollInterval)
 		switch {
-		case held != nil && held.Holder == "":
+		case busy:
 			// Nothing live: it ended between the try and the look (or the
 			// grant gave up waiting, which took fence.grant_wait already).
 			wait = jitter(10 * time.Millisecond)
@@ -104,7 +70,7 @@ func (c *Client) notifier() *notifier {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.notify == nil {
-		// After Close, a notifier is born closed: AcquireWait then polls.
+		// After Close, a notifier is born closed: waiters then poll.
 		c.notify = &notifier{c: c, subs: map[string]map[chan struct{}]struct{}{}, closed: c.closed}
 	}
 	return c.notify
