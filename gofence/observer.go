@@ -1,10 +1,17 @@
 package gofence
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // Observer receives the events of a Client (Config.Observer): every
@@ -182,8 +189,9 @@ const (
 	RenewRetry RenewResult = "retry"
 	// RenewLost: the lease was lost during the renewal: the server no
 	// longer had it live, the attempt ran into the trust deadline (or the
-	// deadline passed between attempts), or the error was final. A
-	// LossEvent follows.
+	// deadline passed between attempts), or the error was final. The
+	// lease's LossEvent reports the loss too (it may come first: the loss
+	// timer can find the deadline passed before the keepalive does).
 	RenewLost RenewResult = "lost"
 )
 
@@ -202,8 +210,9 @@ type RenewEvent struct {
 	Latency time.Duration
 	// Headroom is the trust deadline in force when the attempt was sent
 	// minus the time it completed: how close the lease came to being lost.
-	// It shrinks when renewals slow down or need retries; zero or less
-	// for a lost result.
+	// It shrinks when renewals slow down or need retries; it is zero or
+	// less for a renewal lost at the deadline (and what was left for one
+	// the server answered with "not live").
 	Headroom time.Duration
 	// Err is the attempt's error; nil for ok.
 	Err error
@@ -213,7 +222,8 @@ type RenewEvent struct {
 // Release after a confirmed one returns at once and makes none), also the
 // releases that Do, Elect and Close (Config.ReleaseOnClose) make. A release
 // of a lease that was lost already (Lost) is one bounded attempt whose
-// result is not reported (Err is nil).
+// result is not reported (Err is nil). The end of the lease itself is the
+// LossEvent (reason released or client_closed) that comes before it.
 type ReleaseEvent struct {
 	Resource string
 	Holder   string
@@ -255,16 +265,18 @@ const (
 )
 
 // LossEvent reports the end of a lease: every lease that an AcquireEvent
-// reported granted ends with exactly one LossEvent, when Lease.Done closes
-// (released or lost), so that granted acquires minus LossEvents is the
-// number of leases held.
+// reported granted ends with exactly one LossEvent, released or lost, so
+// that granted acquires minus LossEvents is the number of leases held. It
+// comes right after Lease.Done closed, on the goroutine that ended the
+// lease (Release's, the keepalive's, the loss timer's): a signal that must
+// be acted on is Done's, never an observer's.
 type LossEvent struct {
 	Resource string
 	Holder   string
 	Token    int64
 	Kind     LeaseKind
 	Reason   LossReason
-	// Held is how long the lease was held, from the acquire's send.
+	// Held is how long the lease was held, from the grant's reply.
 	Held time.Duration
 	// Err is the lease's Err: it matches ErrReleased for the reasons
 	// released and client_closed, ErrLost for the others.
@@ -277,15 +289,21 @@ type LossEvent struct {
 // (ErrNoToken, a write without a token) or FN003 (ErrUnknownToken, a token
 // never granted). Do reports only refusals that did not go through a Tx or
 // UseToken of this package (fn wrote some other way), so none is counted
-// twice. The database counts every refusal too (fence.refusals), also
-// those of clients that are not Go.
+// twice: the errors that Tx and UseToken return carry a mark that says so
+// (their message and what they wrap are unchanged). A refusal that the
+// caller's own code meets outside these calls is not seen; the database
+// counts every refusal (the view fence.refusals), also those of clients
+// that are not Go.
 type RefusalEvent struct {
 	// SQLState is "FN001", "FN002" or "FN003".
 	SQLState string
-	// Op is "tx", "use_token" or "do": where the refusal was seen.
+	// Op is "tx" (Tx, Lease.Tx), "use_token" (UseToken, UseTokens) or "do"
+	// (the lease of Do): where the refusal was seen.
 	Op string
-	// Resources and Tokens are the leases of the transaction, in the
-	// order their tokens were registered (by resource).
+	// Resources and Tokens are the leases of the transaction (of Do's
+	// lease for op do), in the order their tokens were registered (by
+	// resource). The refused row may be another resource's (FN002: a write
+	// whose resource has no token registered).
 	Resources []string
 	Tokens    []int64
 	// Err is the error returned to the caller.
@@ -335,3 +353,105 @@ func (*ReleaseEvent) event()    {}
 func (*LossEvent) event()       {}
 func (*RefusalEvent) event()    {}
 func (*LeadershipEvent) event() {}
+
+// observe passes e to the client's observer.
+func (c *Client) observe(ctx context.Context, e Event) {
+	observe(c.cfg.Observer, c.log, ctx, e)
+}
+
+// kind is the lease's kind.
+func (l *Lease) kind() LeaseKind {
+	if l.session != nil {
+		return KindSession
+	}
+	return KindTTL
+}
+
+// ended reports the end of the lease; the caller made sure it is the one
+// that ended it, so that each lease ends once.
+func (l *Lease) ended(ctx context.Context, reason LossReason) {
+	l.c.observe(ctx, &LossEvent{
+		Resource: l.resource, Holder: l.t.holder, Token: l.token, Kind: l.kind(),
+		Reason: reason, Held: time.Since(l.granted), Err: context.Cause(l.ctx),
+	})
+}
+
+// acquired reports an Acquire that began at start and returned l or err.
+func (c *Client) acquired(ctx context.Context, resource string, o LeaseOptions, t leaseTimings, start time.Time, l *Lease, err error) {
+	if c.cfg.Observer == nil {
+		return
+	}
+	e := &AcquireEvent{
+		Resource: resource, Holder: cmp.Or(t.holder, o.Holder, c.cfg.Holder), Kind: KindTTL, Mode: ModeTry,
+		Start: start, Wait: time.Since(start), Err: err,
+	}
+	if o.Session {
+		e.Kind = KindSession
+	}
+	if o.Wait {
+		e.Mode = ModeWait
+	}
+	switch {
+	case err == nil:
+		e.Outcome, e.Token = OutcomeGranted, l.token
+	case errors.Is(err, ErrBusy):
+		e.Outcome = OutcomeBusy
+	case errors.Is(err, ErrHeld):
+		e.Outcome = OutcomeHeld
+	default:
+		e.Outcome = OutcomeError
+	}
+	c.observe(ctx, e)
+}
+
+// The places a refused write is seen (RefusalEvent.Op).
+const (
+	opTx       = "tx"
+	opUseToken = "use_token"
+	opDo       = "do"
+)
+
+// refusalCode is the fencing SQLSTATE of a refused write in err (FN001,
+// FN002 or FN003), or "".
+func refusalCode(err error) string {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case sqlfuncs.CodeStaleToken, sqlfuncs.CodeNoToken, sqlfuncs.CodeUnknownToken:
+		return pgErr.Code
+	}
+	return ""
+}
+
+// reportedRefusal marks an error whose refusal was reported already (by
+// Tx or UseToken), so that Do does not report it again. It changes nothing
+// else: its message and everything it wraps are err's.
+type reportedRefusal struct{ err error }
+
+func (r *reportedRefusal) Error() string { return r.err.Error() }
+func (r *reportedRefusal) Unwrap() error { return r.err }
+
+// refused reports err to the observer of every client of s when it is a
+// refused write, seen by op, and returns it marked as reported.
+func (s leaseSet) refused(ctx context.Context, op string, err error) error {
+	code := refusalCode(err)
+	if code == "" {
+		return err
+	}
+	var done *reportedRefusal
+	if errors.As(err, &done) {
+		return err // a Tx inside a Tx's fn: seen already
+	}
+	resources, tokens := s.tokens()
+	e := &RefusalEvent{SQLState: code, Op: op, Resources: resources, Tokens: tokens, Err: err}
+	var seen []*Client
+	for _, l := range s {
+		if !slices.Contains(seen, l.c) {
+			seen = append(seen, l.c)
+			l.c.observe(ctx, e)
+		}
+	}
+	return &reportedRefusal{err}
+}
