@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
 // recorder is an Observer that keeps every event.
@@ -149,6 +150,30 @@ func TestObserverSeesAcquiresReleasesAndEnds(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l2.Release(b.ctx))
 	require.Len(t, eventsOf[*gofence.AcquireEvent](r), 4)
+}
+
+// A resource whose previous holder still has a guarded transaction open
+// is reported busy, not held.
+func TestObserverSeesBusy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := &recorder{}
+	c := b.client(t, b.pool(t, b.db.URL+"&fence.grant_wait=100ms"), gofence.Config{Observer: r})
+	tok, ok, err := sqlfuncs.Acquire(b.ctx, b.db.Pool, "job", "old", 200*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	tx, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx)
+	require.NoError(t, sqlfuncs.UseToken(b.ctx, tx, "job", tok))
+	poll(t, "the old lease expired by the server's clock", func() bool { return !b.serverLive(t, "job") })
+
+	_, err = c.Acquire(b.ctx, "job", nil)
+	require.ErrorIs(t, err, gofence.ErrBusy)
+	acq := eventsOf[*gofence.AcquireEvent](r)
+	require.Len(t, acq, 1)
+	require.Equal(t, gofence.OutcomeBusy, acq[0].Outcome)
+	require.GreaterOrEqual(t, acq[0].Wait, 100*time.Millisecond, "the grant waited fence.grant_wait")
 }
 
 // waitDone waits (at most 30s) for l to end, and for r to have seen its
