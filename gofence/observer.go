@@ -23,7 +23,8 @@ import (
 //
 // Observe is called synchronously, on the goroutine that made the event (a
 // caller's, or the lease's keepalive), after the fact, so it must not block:
-// a slow observer delays renewals and the calls it observes. It may be
+// a slow observer delays renewals and the calls it observes. Nor may it call
+// Release, Close or Elect: the call it observes may be one of those. It may be
 // called from several goroutines at once. A panic in Observe is recovered
 // and logged through Config.Logger (WARN); the client carries on.
 //
