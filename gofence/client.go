@@ -70,6 +70,15 @@ type Config struct {
 	// a library stays quiet unless asked, and every such event also reaches
 	// the caller (Lease.Done and Lease.Err, errors of the calls).
 	Logger *slog.Logger
+
+	// Observer receives the client's events, synchronously: every acquire,
+	// renewal attempt, release and end of a lease, every write the database
+	// refused inside Tx, UseToken or Do, and every change of leadership in
+	// Elect (see Observer; Observers combines several). It must not block;
+	// a panic in it is recovered and logged. Default: none. Package
+	// otelfence, a module of its own, records the events as OpenTelemetry
+	// metrics and spans.
+	Observer Observer
 }
 
 // Client hands out leases on resources of one database. It is safe for
@@ -270,7 +279,7 @@ func (c *Client) Close(ctx context.Context) error {
 	var mu sync.Mutex
 	for _, l := range held {
 		wg.Go(func() {
-			if err := l.Release(ctx); err != nil {
+			if err := l.release(ctx, LossClientClosed); err != nil {
 				c.log.Warn("pgfence: release at Close failed; the lease ends at its expiry", "resource", l.resource, "error", err.Error())
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("pgfence: Close: %w", err))

@@ -26,7 +26,9 @@ func (c *Client) Do(ctx context.Context, resource string, opts *LeaseOptions, fn
 		return err
 	}
 	_, err = l.run(ctx, fn)
-	return err
+	// A refusal that fn's Tx or UseToken reported is marked: this reports
+	// only those fn met some other way.
+	return leaseSet{l}.refused(ctx, opDo, err)
 }
 
 // run runs fn under the lease and releases it afterwards. It returns the
@@ -84,6 +86,7 @@ func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn 
 	if _, _, err := c.leaseTimings(&o); err != nil {
 		return err // bad options: campaigning again would not help
 	}
+	campaign := time.Now()
 	for {
 		l, err := c.Acquire(ctx, name, &o)
 		if err != nil {
@@ -102,7 +105,11 @@ func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn 
 			continue
 		}
 		c.log.Info("pgfence: elected", "name", name, "term", l.Token(), "holder", l.Holder())
+		term := time.Now()
+		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Leading: true, Since: campaign, Duration: term.Sub(campaign)})
 		lost, err := l.run(ctx, fn)
+		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Since: term, Duration: time.Since(term), Err: lost})
+		campaign = time.Now()
 		switch {
 		case ctx.Err() != nil:
 			return context.Cause(ctx)

@@ -187,6 +187,21 @@
 // Who leads now is Client.LeaseOf(name) with Live true: there is no
 // separate call for it.
 //
+// # Observing
+//
+// Config.Observer receives typed events (AcquireEvent, RenewEvent,
+// ReleaseEvent, LossEvent, RefusalEvent, LeadershipEvent) synchronously,
+// after the fact, on the goroutine that made them: an interface in this
+// package, as pgx's tracers and river's hooks are, so that the library
+// imports no vendor; the OpenTelemetry adapter (module otelfence) lives
+// beside it. Every granted lease ends with exactly one LossEvent, whatever
+// ended it (Release, Close, the loss timer, a renewal, the session's
+// check), because only the goroutine whose cancel took effect reports it;
+// it comes right after Done closed, never before, so that a slow or
+// panicking observer (its panics are recovered and logged) can delay only
+// telemetry, not the loss signal. A refused write is reported once: Tx and
+// UseToken mark the error they report, and Do reports only unmarked ones.
+//
 // # Migrations
 //
 // Migrate applies the embedded migrations with golang-migrate, recording

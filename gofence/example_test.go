@@ -481,6 +481,50 @@ func ExampleClient_Elect() {
 	// someone leads: true
 }
 
+func ExampleObserverFunc() {
+	pool, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+
+	// What a dashboard counts: leases that ended other than by Release, and
+	// writes the database refused. (Code that must stop on a loss watches
+	// lease.Done() instead.)
+	var lost, refused atomic.Int64
+	observer := gofence.ObserverFunc(func(ctx context.Context, e gofence.Event) {
+		switch e := e.(type) {
+		case *gofence.LossEvent:
+			if e.Reason != gofence.LossReleased {
+				lost.Add(1) // deadline passed, superseded, session ended, ...
+			}
+		case *gofence.RefusalEvent:
+			refused.Add(1) // e.SQLState is FN001, FN002 or FN003
+		}
+	})
+	client, err := gofence.New(pool, &gofence.Config{Observer: observer})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx)
+
+	lease, err := client.Acquire(ctx, "orders", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// An operator revokes the lease; the holder's next write is refused.
+	if _, err := client.Revoke(ctx, "orders"); err != nil {
+		log.Fatal(err)
+	}
+	err = lease.Tx(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO orders (id, note, fence_token) VALUES (1, 'late', $1)`, lease.Token())
+		return err
+	})
+	fmt.Println("stale:", errors.Is(err, gofence.ErrStaleToken), "refusals seen:", refused.Load())
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output: stale: true refusals seen: 1
+}
+
 // TestREADMEGoSnippetsAreCompiled keeps the README's Go code honest: every
 // ```go block of the README must appear, line for line, in this file, which
 // the compiler checks and whose examples run.

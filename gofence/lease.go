@@ -23,6 +23,7 @@ type Lease struct {
 	resource string
 	token    int64
 	session  *pgx.Conn // the dedicated connection of a session lease; nil for TTL leases
+	granted  time.Time // when the grant came back, for LossEvent.Held
 
 	ctx    context.Context // ends at loss or release; Context returns view
 	cancel context.CancelCauseFunc
@@ -75,8 +76,10 @@ type Lease struct {
 // ask the holder's release to send a notification (as fence.acquire does),
 // so lower Config.PollInterval for a faster handoff; it holds a pool
 // connection only while it asks, and a dedicated one once granted.
-func (c *Client) Acquire(ctx context.Context, resource string, opts *LeaseOptions) (*Lease, error) {
+func (c *Client) Acquire(ctx context.Context, resource string, opts *LeaseOptions) (l *Lease, err error) {
+	start := time.Now()
 	o, t, err := c.leaseTimings(opts)
+	defer func() { c.acquired(ctx, resource, o, t, start, l, err) }()
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +189,7 @@ func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t lea
 	ctx, cancel := context.WithCancelCause(context.Background())
 	renewCtx, renewCancel := context.WithCancel(ctx)
 	l := &Lease{
-		c: c, t: t, resource: resource, token: token, session: session,
+		c: c, t: t, resource: resource, token: token, session: session, granted: time.Now(),
 		ctx: ctx, cancel: cancel, renewCtx: renewCtx, renewCancel: renewCancel,
 		keepaliveDone: make(chan struct{}), releasing: make(chan struct{}, 1),
 	}
@@ -304,18 +307,20 @@ func (l *Lease) ExpiresAt() time.Time {
 	return l.expiresAt
 }
 
-// lose ends the lease with a cause matching ErrLost (unless it already ended).
-func (l *Lease) lose(reason string, err error) {
+// lose ends the lease with a cause matching ErrLost (unless it already
+// ended), and reports it with reason.
+func (l *Lease) lose(reason LossReason, why string, err error) {
 	if l.ctx.Err() != nil {
 		return
 	}
-	cause := fmt.Errorf("%w: %s: %s", ErrLost, l.resource, reason)
+	cause := fmt.Errorf("%w: %s: %s", ErrLost, l.resource, why)
 	if err != nil {
-		cause = fmt.Errorf("%w: %s: %s: %w", ErrLost, l.resource, reason, err)
+		cause = fmt.Errorf("%w: %s: %s: %w", ErrLost, l.resource, why, err)
 	}
 	l.cancel(cause)
 	if context.Cause(l.ctx) == cause { // not ended another way meanwhile
 		l.c.log.Warn("pgfence: lease lost", "resource", l.resource, "token", l.token, "reason", cause.Error())
+		l.ended(context.Background(), reason)
 	}
 }
 
@@ -342,7 +347,7 @@ func (l *Lease) trustDeadlinePassed() {
 	if !l.trustDeadlineIsPast() {
 		return
 	}
-	l.lose("no renewal succeeded before the local trust deadline (acquire or last renew sent + TTL - SafetyMargin)", nil)
+	l.lose(LossDeadlinePassed, "no renewal succeeded before the local trust deadline (acquire or last renew sent + TTL - SafetyMargin)", nil)
 }
 
 // keepalive renews a TTL lease every RenewInterval, counted from the last
@@ -376,24 +381,48 @@ func (l *Lease) keepalive(lastSent time.Time) {
 // once the lease is lost or Release stopped the keepalive.
 func (l *Lease) renewUntilDeadline() (time.Time, error) {
 	for {
+		deadline, start := l.TrustDeadline(), time.Now()
 		sent, err := l.renewOnce(l.renewCtx)
 		if err == nil {
+			l.renewed(RenewOK, deadline, start, nil)
 			return sent, nil
 		}
 		if l.renewCtx.Err() != nil { // lost, or Release stopped us
+			if errors.Is(l.Err(), ErrLost) {
+				l.renewed(RenewLost, deadline, start, err)
+			}
 			return time.Time{}, l.renewCtx.Err()
 		}
 		if !transient(err) {
-			l.lose("renewal failed", err)
+			l.lose(LossRenewFailed, "renewal failed", err)
+			l.renewed(RenewLost, deadline, start, err)
 			return time.Time{}, l.Err()
 		}
+		l.renewed(RenewRetry, deadline, start, err)
 		l.c.log.Info("pgfence: renewal failed, retrying", "resource", l.resource, "error", err.Error())
 		select {
 		case <-l.renewCtx.Done():
+			if errors.Is(l.Err(), ErrLost) { // the deadline passed between attempts
+				l.renewed(RenewLost, deadline, time.Time{}, l.Err())
+			}
 			return time.Time{}, l.renewCtx.Err()
 		case <-time.After(l.t.retry):
 		}
 	}
+}
+
+// renewed reports a renewal attempt sent at start (zero: none was in
+// flight) under the trust deadline then in force.
+func (l *Lease) renewed(result RenewResult, deadline, start time.Time, err error) {
+	now := time.Now()
+	e := &RenewEvent{
+		Resource: l.resource, Holder: l.t.holder, Token: l.token, Result: result,
+		Start: start, Headroom: deadline.Sub(now), Err: err,
+	}
+	if !start.IsZero() {
+		e.Latency = now.Sub(start)
+	}
+	l.c.observe(context.Background(), e)
 }
 
 // renewOnce renews the lease, never waiting past the trust deadline, and
@@ -438,7 +467,7 @@ func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.
 		return sent, false, l.Err()
 	}
 	if !ok {
-		l.lose("the server no longer has this lease live (it expired, was released, revoked or superseded)", nil)
+		l.lose(LossSuperseded, "the server no longer has this lease live (it expired, was released, revoked or superseded)", nil)
 		return sent, false, l.Err()
 	}
 	l.mu.Lock()
@@ -452,7 +481,7 @@ func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.
 		// at the lease says lost, so it is lost, even though the server did
 		// renew it. (A passed deadline never moves again: a renewal moves it
 		// only before it passes.)
-		l.lose("the renewal's reply came after the local trust deadline", nil)
+		l.lose(LossDeadlinePassed, "the renewal's reply came after the local trust deadline", nil)
 		return sent, false, context.Cause(l.ctx)
 	}
 	l.expiresAt = exp
@@ -470,7 +499,7 @@ func (l *Lease) checkSession() {
 	ctx, cancel := context.WithTimeout(l.ctx, l.t.renew)
 	defer cancel()
 	if err := l.session.Ping(ctx); err != nil && l.ctx.Err() == nil {
-		l.lose("the session holding the lease failed", err)
+		l.lose(LossSessionEnded, "the session holding the lease failed", err)
 		closeConn(l.session)
 	}
 }
@@ -487,7 +516,16 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.session != nil {
 		return nil // a session lease has nothing to renew
 	}
+	deadline, start := l.TrustDeadline(), time.Now()
 	_, err := l.renewOnce(ctx)
+	switch {
+	case err == nil:
+		l.renewed(RenewOK, deadline, start, nil)
+	case errors.Is(l.Err(), ErrLost):
+		l.renewed(RenewLost, deadline, start, err)
+	case ctx.Err() == nil && l.Err() == nil: // not the caller's giving up, nor a Release
+		l.renewed(RenewRetry, deadline, start, err)
+	}
 	if err != nil && l.Err() != nil {
 		return l.Err()
 	}
@@ -508,6 +546,13 @@ func (l *Lease) Renew(ctx context.Context) error {
 // A Release that finds another Release of the lease still trying waits for
 // it only as long as ctx allows, and then returns an error that says so.
 func (l *Lease) Release(ctx context.Context) error {
+	return l.release(ctx, LossReleased)
+}
+
+// release is Release; reason is what the end of the lease is reported as
+// (released, or client_closed for Close).
+func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
+	start := time.Now()
 	select {
 	case l.releasing <- struct{}{}:
 	default: // another Release is running: wait for it, bounded by ctx
@@ -522,6 +567,12 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	lostBefore := l.Err() != nil
+	defer func() {
+		l.c.observe(ctx, &ReleaseEvent{
+			Resource: l.resource, Holder: l.t.holder, Token: l.token, Kind: l.kind(),
+			Lost: errors.Is(context.Cause(l.ctx), ErrLost), Start: start, Duration: time.Since(start), Err: err,
+		})
+	}()
 	l.mu.Lock()
 	if l.lossTimer != nil {
 		l.lossTimer.Stop()
@@ -532,7 +583,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	case <-l.keepaliveDone:
 	case <-ctx.Done():
 	}
-	l.cancel(fmt.Errorf("%w: %s", ErrReleased, l.resource))
+	if cause := fmt.Errorf("%w: %s", ErrReleased, l.resource); l.ctx.Err() == nil {
+		l.cancel(cause)
+		if context.Cause(l.ctx) == cause { // not lost meanwhile
+			l.ended(ctx, reason)
+		}
+	}
 	if lostBefore {
 		// Lost already: the server may be unreachable (that may be why).
 		// One attempt, bounded, and no error: the lease is over either way.

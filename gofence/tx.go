@@ -68,7 +68,7 @@ type TxOptions struct {
 // the *pgconn.PgError reachable through errors.As, whose message names the
 // resource), and also ErrLost when any of the leases was lost by then; an
 // error of fn keeps its own message and wrapped errors.
-func Tx(ctx context.Context, db Beginner, opts *TxOptions, fn func(pgx.Tx) error) error {
+func Tx(ctx context.Context, db Beginner, opts *TxOptions, fn func(pgx.Tx) error) (err error) {
 	var o TxOptions
 	if opts != nil {
 		o = *opts
@@ -77,6 +77,7 @@ func Tx(ctx context.Context, db Beginner, opts *TxOptions, fn func(pgx.Tx) error
 	if err != nil {
 		return err
 	}
+	defer func() { err = s.refused(ctx, opTx, err) }() // observer.go
 	if o.BeginQuery != "" {
 		return fmt.Errorf("pgfence: transaction under %s: TxOptions.BeginQuery is refused: Tx writes the BEGIN itself, with the tokens; nothing was sent", s)
 	}
@@ -239,11 +240,12 @@ func (l *Lease) UseToken(ctx context.Context, tx DB) error {
 // lease in tx, in one statement, ordered by resource as Tx does (none or a
 // nil lease refused, a lease given twice counted once, two leases on one
 // resource refused, all before anything is sent).
-func UseTokens(ctx context.Context, tx DB, leases ...*Lease) error {
+func UseTokens(ctx context.Context, tx DB, leases ...*Lease) (err error) {
 	s, err := leasesOf(leases)
 	if err != nil {
 		return err
 	}
+	defer func() { err = s.refused(ctx, opUseToken, err) }() // observer.go
 	var status byte = 'T'
 	switch db := tx.(type) {
 	case nil:
