@@ -708,3 +708,64 @@ func TestRedteam8PreparedTransactionKeepsTheGate(t *testing.T) {
 	_, err = revokeWithin(ctx, other, "rtx", "2s")
 	require.NoError(t, err, "once the prepared transaction committed")
 }
+
+// TestMoveBetweenProtectedPartitionsPresentsNoToken: the way around that
+// TestRedteam8RowMovedIntoAProtectedPartition shows needs an unprotected
+// sibling. When every partition was protected (each before it was
+// attached: fence.protect refuses partitions), a move starts with the
+// source partition's BEFORE UPDATE guard, which asks the statement for a
+// token: A, whose token is stale or who registered none, cannot move B's
+// row, by UPDATE or MERGE, at any isolation level (what pgfence doctor
+// advises for the limit).
+func TestMoveBetweenProtectedPartitionsPresentsNoToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	ver := serverVersion(t, ctx, b.db.Pool)
+	app := pgtest.NewRole(t, "pmove")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
+	for _, tbl := range []string{"pm_hot", "pm_cold"} {
+		b.exec(t, `CREATE TABLE `+tbl+` (id int NOT NULL, k int NOT NULL, tok bigint, val text)`)
+		require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, tbl, "pmr", "tok"))
+	}
+	for _, s := range []string{
+		`CREATE TABLE pm_items (id int NOT NULL, k int NOT NULL, tok bigint, val text) PARTITION BY RANGE (k)`,
+		`ALTER TABLE pm_items ATTACH PARTITION pm_hot FOR VALUES FROM (0) TO (100)`,
+		`ALTER TABLE pm_items ATTACH PARTITION pm_cold FOR VALUES FROM (100) TO (200)`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON pm_items, pm_hot, pm_cold TO ` + pgx.Identifier{app}.Sanitize(),
+	} {
+		b.exec(t, s)
+	}
+	ac := roleConn(t, b, app)
+	t1 := acquireWhenFree(t, ctx, ac, "pmr", "A", time.Hour)
+	_, err := sqlfuncs.Revoke(ctx, b.db.Pool, "pmr")
+	require.NoError(t, err)
+	t2 := acquireWhenFree(t, ctx, b.db.Pool, "pmr", "B", time.Hour)
+	b.exec(t, `INSERT INTO pm_cold VALUES (1, 150, $1, 'B')`, t2)
+
+	const read = `SELECT coalesce(string_agg(format('%s:%s:%s:%s', id, k, tok, val), ',' ORDER BY id), '') FROM pm_hot`
+	stale := fmt.Sprintf(`SELECT set_config('fence.tokens', '{"pmr": %d}', true)`, t1)
+	for _, tc := range []struct {
+		name, sql string
+		pre       []string
+		min       int
+	}{
+		{name: "UPDATE of the partition key, no token", sql: `UPDATE pm_items SET k = 5, val = 'A' WHERE id = 1`},
+		{name: "UPDATE of the partition key, A's stale token registered", sql: `UPDATE pm_items SET k = 5, val = 'A' WHERE id = 1`, pre: []string{stale}},
+		{name: "MERGE that moves the row, no token", sql: `MERGE INTO pm_items t USING (VALUES (1)) s(id) ON t.id = s.id WHEN MATCHED THEN UPDATE SET k = 5, val = 'A'`, min: 150000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if ver < tc.min {
+				t.Skipf("needs server version %d", tc.min)
+			}
+			for _, iso := range isoLevels {
+				seen, err := attemptRolledBack(ctx, ac, iso, tc.pre, tc.sql, read)
+				if err == nil {
+					t.Errorf("BYPASS: (%s) A (token %d stale, latest %d) moved B's row between protected partitions without presenting a token; the destination now holds %s", iso, t1, t2, seen)
+					continue
+				}
+				requireOneOf(t, err, "FN001|FN002")
+			}
+		})
+	}
+}

@@ -165,6 +165,11 @@ type ProtectedTable struct {
 	// FiresAlways: every guard trigger fires in replica mode too
 	// (fence.fire_always, migration 7); false before migration 7.
 	FiresAlways bool
+	// UnprotectedSiblings: when the table is a partition, the other
+	// partitions of its parent that are not protected, sorted. A row moved
+	// from one of them into this table is an INSERT here, which presents
+	// the token the row carries (docs/security.md, "Known limits").
+	UnprotectedSiblings []string
 }
 
 // protectedTablesSQL reads form and resource_column through to_jsonb, so
@@ -178,7 +183,13 @@ const protectedTablesSQL = `SELECT p.tbl::text, p.resource, coalesce(p.token_col
 		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'D'),
 		EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc f ON f.oid = t.tgfoid
 		         WHERE t.tgrelid = p.tbl AND f.pronamespace = 'fence'::pg_catalog.regnamespace AND t.tgenabled = 'R'),
-		coalesce((to_jsonb(p)->>'fires_always')::boolean, false)
+		coalesce((to_jsonb(p)->>'fires_always')::boolean, false),
+		coalesce((SELECT array_agg(s.inhrelid::pg_catalog.regclass::text ORDER BY s.inhrelid::pg_catalog.regclass::text)
+		  FROM pg_catalog.pg_inherits i
+		  JOIN pg_catalog.pg_class par ON par.oid = i.inhparent AND par.relkind = 'p'
+		  JOIN pg_catalog.pg_inherits s ON s.inhparent = i.inhparent AND s.inhrelid <> i.inhrelid
+		 WHERE i.inhrelid = p.tbl::oid
+		   AND NOT EXISTS (SELECT FROM fence.protected q WHERE q.tbl::oid = s.inhrelid)), '{}')
 		FROM fence.protected p ORDER BY 1`
 
 // ProtectedTables reads every row of fence.protected, ordered by table
@@ -191,7 +202,7 @@ func ProtectedTables(ctx context.Context, db Querier) ([]ProtectedTable, error) 
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProtectedTable, error) {
 		var p ProtectedTable
-		err := r.Scan(&p.Table, &p.Resource, &p.TokenColumn, &p.Form, &p.ResourceColumn, &p.TriggerRoles, &p.LegacyGuard, &p.GuardDisabled, &p.GuardReplicaOnly, &p.FiresAlways)
+		err := r.Scan(&p.Table, &p.Resource, &p.TokenColumn, &p.Form, &p.ResourceColumn, &p.TriggerRoles, &p.LegacyGuard, &p.GuardDisabled, &p.GuardReplicaOnly, &p.FiresAlways, &p.UnprotectedSiblings)
 		return p, err
 	})
 }

@@ -14,9 +14,10 @@ import (
 // roles other than the owner with the TRIGGER privilege (they can add a
 // trigger that rewrites rows after the guard), disabled guard triggers,
 // guard triggers that fire in replica mode only (ordinary sessions skip
-// them), tables that still carry migration 002's guard, and guards that do
+// them), tables that still carry migration 002's guard, guards that do
 // not fire in replica mode while a role other than a superuser may choose
-// it (SET on session_replication_role, PostgreSQL 15+).
+// it (SET on session_replication_role, PostgreSQL 15+), and protected
+// partitions with a token column whose siblings are not protected.
 func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, serverVersionNum int, add func(check, status, detail, fix string)) {
 	if !k.Installed || !k.VersionKnown || k.Version < 3 || !(k.Usage || k.Super) {
 		return
@@ -75,7 +76,13 @@ func doctorGuards(ctx context.Context, pool *pgxpool.Pool, k kitState, serverVer
 			add("protected tables", "warn", fmt.Sprintf("%s keeps the guard of migration 2 (made fail-closed by migration 3, but slower, and an UPDATE that re-assigns the row's own token needs fence.use_token)", t.Table),
 				"as the owner of "+t.Table+": "+protect)
 		}
-		if !t.GuardDisabled && !t.GuardReplicaOnly && roles == "" && !t.LegacyGuard && !replica {
+		moved := t.TokenColumn != "" && len(t.UnprotectedSiblings) > 0
+		if moved {
+			add("protected tables", "warn", fmt.Sprintf("%s is a partition whose siblings %s are not protected: a row moved from one of them into %s (an UPDATE of the partition key through the parent) keeps the token it carries without presenting one (docs/security.md, Known limits)",
+				t.Table, strings.Join(t.UnprotectedSiblings, ", "), t.Table),
+				fmt.Sprintf("detach %s, or protect each sibling before attaching it (DETACH PARTITION, fence.protect, ATTACH PARTITION; fence.protect refuses partitions)", t.Table))
+		}
+		if !t.GuardDisabled && !t.GuardReplicaOnly && roles == "" && !t.LegacyGuard && !replica && !moved {
 			clean++
 		}
 	}
