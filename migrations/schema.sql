@@ -157,7 +157,11 @@ BEGIN
     EXCEPTION WHEN OTHERS THEN
         RAISE;
     END;
-    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+    -- A read-only transaction (which cannot turn read-write once it has a
+    -- snapshot) commits no write: there the check says whether the token
+    -- is the latest its snapshot sees, without the row lock it may not take.
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed'
+       OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
         SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource;
     ELSE
         SELECT x.token INTO latest FROM fence.lease x WHERE x.resource = resource FOR KEY SHARE;

@@ -186,11 +186,11 @@ func TestLeasesAndProtectedTables(t *testing.T) {
 		byName[p.Table] = p
 	}
 	require.Len(t, byName, 3, "%+v", tables)
-	require.Equal(t, catalog.ProtectedTable{Table: "invoice", Resource: "invoice:", TokenColumn: "tok", Form: "rows", ResourceColumn: "id", TriggerRoles: []string{}},
+	require.Equal(t, catalog.ProtectedTable{Table: "invoice", Resource: "invoice:", TokenColumn: "tok", Form: "rows", ResourceColumn: "id", TriggerRoles: []string{}, UnprotectedSiblings: []string{}},
 		byName["invoice"])
-	require.Equal(t, catalog.ProtectedTable{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{role}},
+	require.Equal(t, catalog.ProtectedTable{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{role}, UnprotectedSiblings: []string{}},
 		byName["orders"])
-	require.Equal(t, catalog.ProtectedTable{Table: `"Notes"`, Resource: "notes", Form: "table", TriggerRoles: []string{}, GuardDisabled: true},
+	require.Equal(t, catalog.ProtectedTable{Table: `"Notes"`, Resource: "notes", Form: "table", TriggerRoles: []string{}, GuardDisabled: true, UnprotectedSiblings: []string{}},
 		byName[`"Notes"`])
 	var order []string
 	for _, p := range tables {
@@ -225,7 +225,7 @@ func TestProtectedTablesAtVersion3(t *testing.T) {
 
 	tables, err := catalog.ProtectedTables(ctx, db.Pool)
 	require.NoError(t, err)
-	require.Equal(t, []catalog.ProtectedTable{{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{}}}, tables)
+	require.Equal(t, []catalog.ProtectedTable{{Table: "orders", Resource: "orders", TokenColumn: "tok", Form: "table", TriggerRoles: []string{}, UnprotectedSiblings: []string{}}}, tables)
 	names, err := catalog.ProtectedTableNames(ctx, db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, []string{"orders"}, names)
