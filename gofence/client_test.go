@@ -136,7 +136,8 @@ func TestInstallCheckHonoursEachCallersCtx(t *testing.T) {
 	first, cancelFirst := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancelFirst()
 	go func() { _, _ = c.Acquire(first, "job", nil) }()
-	time.Sleep(200 * time.Millisecond)
+	// The first call's check is on its way: its connection hangs in the proxy.
+	poll(t, "the first caller's connection accepted by the frozen proxy", func() bool { return proxy.Opened() > 0 })
 
 	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
 	defer cancel()

@@ -313,9 +313,10 @@ func TestReleaseHonoursCtxWhileARenewalHangs(t *testing.T) {
 	l, err := c.Acquire(b.ctx, "job", nil)
 	require.NoError(t, err)
 
-	proxy.Freeze()
-	defer proxy.Thaw()
-	time.Sleep(1300 * time.Millisecond) // the renewal sent at 1s hangs
+	// A partition that the renewal sent at 1s runs into: held in the proxy.
+	proxy.Delay(pgtest.ToServer, time.Hour)
+	defer proxy.Delay(pgtest.ToServer, 0)
+	poll(t, "a renewal held up on its way to the server", func() bool { return proxy.Pending(pgtest.ToServer) > 0 })
 	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -551,7 +552,11 @@ func TestNoGoroutineLeaks(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(50 * time.Millisecond)
+	poll(t, "a waiter asked to be notified", func() bool {
+		var waiting bool
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT waiters FROM fence.lease WHERE resource = 'job'`).Scan(&waiting))
+		return waiting
+	})
 	require.NoError(t, l.Release(b.ctx))
 	wg.Wait()
 	require.Equal(t, int32(2), got.Load())

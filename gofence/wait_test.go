@@ -40,19 +40,29 @@ func waitRound(t *testing.T, b *bundle, n int, cfg gofence.Config) []time.Durati
 	for i := range n {
 		c := b.client(t, nil, cfg)
 		wg.Go(func() {
+			// No require here: FailNow must run on the test's goroutine.
 			ready.Done()
 			l, err := c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
-			require.NoError(t, err)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
 			granted := time.Now()
-			require.Equal(t, int32(1), holding.Add(1), "two holders at once")
+			if n := holding.Add(1); n != 1 {
+				t.Errorf("waiter %d: %d holders at once", i, n)
+			}
 			mu.Lock()
 			handoffs = append(handoffs, granted.Sub(releasedAt))
 			tokens = append(tokens, l.Token())
 			mu.Unlock()
-			require.NoError(t, write(ctx, l, b.db.Pool, fmt.Sprint("waiter-", i)))
+			if err := write(ctx, l, b.db.Pool, fmt.Sprint("waiter-", i)); err != nil {
+				t.Errorf("waiter %d: fenced write: %v", i, err)
+			}
 			holding.Add(-1)
 			mu.Lock()
-			require.NoError(t, l.Release(ctx))
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("waiter %d: release: %v", i, err)
+			}
 			releasedAt = time.Now()
 			mu.Unlock()
 		})
@@ -63,6 +73,9 @@ func waitRound(t *testing.T, b *bundle, n int, cfg gofence.Config) []time.Durati
 	releasedAt = time.Now()
 	mu.Unlock()
 	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
 
 	require.Len(t, tokens, n)
 	require.True(t, slices.IsSorted(tokens), "tokens in grant order: %v", tokens)
@@ -118,9 +131,14 @@ func TestWaiterStopsWhenTheContextEnds(t *testing.T) {
 	defer l.Release(b.ctx)
 	ctx, cancel := context.WithCancel(b.ctx)
 	go func() {
-		for !b.serverLive(t, "job") {
+		// Cancelled once the waiter waits (it asked to be notified); no
+		// require in this goroutine: an error cancels at once.
+		defer cancel()
+		for waiting := false; !waiting; time.Sleep(5 * time.Millisecond) {
+			if err := b.db.Pool.QueryRow(ctx, `SELECT waiters FROM fence.lease WHERE resource = 'job'`).Scan(&waiting); err != nil {
+				return
+			}
 		}
-		cancel()
 	}()
 	_, err = c.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
 	require.ErrorIs(t, err, context.Canceled)
@@ -173,11 +191,11 @@ func TestHandoffUnderChurn(t *testing.T) {
 	// retry, and would hide behind the other waiters' notifications: ask the
 	// server. Backends flush their statistics when they exit.
 	var deadlocks int64
-	require.Eventually(t, func() bool {
+	poll(t, "the clients' backends gone", func() bool { // poll: its condition runs on this goroutine
 		var n int
 		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n))
 		return n <= 1 // only the test pool's own connection is left
-	}, 10*time.Second, 20*time.Millisecond)
+	})
 	_, err = b.db.Pool.Exec(b.ctx, `SELECT pg_stat_clear_snapshot()`)
 	require.NoError(t, err)
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks))

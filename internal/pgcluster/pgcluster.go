@@ -177,15 +177,20 @@ const instancePrefix = "pgfence-pg-"
 // Timeout bounds each server operation (start, stop, initdb).
 const Timeout = 2 * time.Minute
 
-// New creates the directory of a new cluster, owned by the user the
-// server runs as.
-func New(bins Bins) (*Instance, error) {
+// New creates the directory of a new cluster in the temporary directory,
+// owned by the user the server runs as.
+func New(bins Bins) (*Instance, error) { return NewIn(bins, "") }
+
+// NewIn is New in directory parent ("": the temporary directory), which
+// must be os.TempDir() or RAMDir(): the directories where reapStale looks
+// for clusters that a dead process left behind.
+func NewIn(bins Bins, parent string) (*Instance, error) {
 	reapStale(bins)
 	cred, err := pgCredential()
 	if err != nil {
 		return nil, err
 	}
-	base, err := os.MkdirTemp("", instancePrefix)
+	base, err := os.MkdirTemp(parent, instancePrefix)
 	if err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
 	}
@@ -393,6 +398,10 @@ var reapOnce sync.Once
 func reapStale(bins Bins) {
 	reapOnce.Do(func() {
 		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), instancePrefix+"*"))
+		if ram := RAMDir(); ram != "" {
+			more, _ := filepath.Glob(filepath.Join(ram, instancePrefix+"*"))
+			dirs = append(dirs, more...)
+		}
 		for _, base := range dirs {
 			b, err := os.ReadFile(filepath.Join(base, "owner.pid"))
 			if err != nil {

@@ -51,6 +51,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -92,6 +94,7 @@ var mainCalled atomic.Bool
 func Main(m *testing.M, atExit ...func()) {
 	mainCalled.Store(true)
 	skipExamplesWithoutServer()
+	raiseParallel()
 	code := m.Run()
 	shutdown()
 	for _, f := range atExit {
@@ -108,6 +111,34 @@ func Long(t testing.TB, why string) {
 	if testing.Short() {
 		t.Skipf("pgtest: -short: skipping %s", why)
 	}
+}
+
+// parallelPerCPU is how many parallel tests per CPU Main lets run at once
+// on the harness's own server (see raiseParallel).
+const parallelPerCPU = 4
+
+// raiseParallel lets parallelPerCPU × GOMAXPROCS tests marked t.Parallel
+// run at once (at most 16), instead of go test's default of GOMAXPROCS,
+// when the tests will use the harness's own throwaway cluster and the
+// command line does not set -parallel. The tests spend most of their time
+// waiting (for a TTL, a proxy's delay, a server's answer), not on a CPU; on
+// a 2-CPU machine the default kept all but two of them waiting, and a
+// package took twice as long. A server of PGFENCE_TEST_DATABASE_URL keeps
+// the default: its max_connections is not the harness's to know.
+func raiseParallel() {
+	if os.Getenv(EnvDatabaseURL) != "" {
+		return
+	}
+	f := flag.Lookup("test.parallel")
+	if f == nil {
+		return
+	}
+	set := false
+	flag.Visit(func(g *flag.Flag) { set = set || g.Name == "test.parallel" })
+	if set {
+		return
+	}
+	_ = f.Value.Set(strconv.Itoa(min(parallelPerCPU*runtime.GOMAXPROCS(0), 16)))
 }
 
 // skipExamplesWithoutServer leaves the runnable examples out (-skip
@@ -180,7 +211,7 @@ func newDB(t testing.TB, srv *server, template string) *DB {
 	name := pgcluster.ScratchName("pgtest_", 6)
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
-	drop, err := pgcluster.CreateDB(ctx, srv.admin, name, template)
+	drop, err := pgcluster.CreateDBStrategy(ctx, srv.admin, name, template, srv.cloneStrategy)
 	if err != nil {
 		t.Fatalf("pgtest: create database %s from %s: %v", name, template, err)
 	}
@@ -486,7 +517,7 @@ func MustMigratedDB() (url string, drop func()) {
 		panic(fmt.Sprintf("pgtest: %v", err))
 	}
 	name := pgcluster.ScratchName("pgtest_", 6)
-	dropDB, err := pgcluster.CreateDB(ctx, srv.admin, name, tpl)
+	dropDB, err := pgcluster.CreateDBStrategy(ctx, srv.admin, name, tpl, srv.cloneStrategy)
 	if err != nil {
 		panic(fmt.Sprintf("pgtest: create database %s: %v", name, err))
 	}
