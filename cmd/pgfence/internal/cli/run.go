@@ -164,6 +164,15 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 		child.SysProcAttr.Ctty = tty
 		restoreForeground = func() { takeForeground(tty) }
 	}
+	// Signals are caught before the command starts: one that comes between
+	// the start and a later Notify would reach only main's NotifyContext,
+	// and the command would get SIGTERM (the ctx branch below) instead of
+	// the signal sent. Caught early, it waits in the channel and is passed
+	// on to the group once the command runs.
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(signals)
+
 	exited := make(chan error, 1)
 	if err := startOnThread(child, exited); err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -175,10 +184,6 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	// A second SIGINT or SIGTERM ends pgfence at once (NotifyContext): the
 	// group goes first.
 	defer onAbort(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })()
-
-	signals := make(chan os.Signal, 4)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	defer signal.Stop(signals)
 
 	// The watchdog: SIGTERM when less than grace is left before the trust
 	// deadline (or at once when the lease is lost), SIGKILL when a quarter of

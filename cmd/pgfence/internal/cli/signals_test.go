@@ -261,7 +261,7 @@ func TestRunPassesCtrlCOnlyAsSIGINT(t *testing.T) {
 	require.Eventually(t, func() bool { b, _ := os.ReadFile(log); return len(b) > 0 }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
 	require.Equal(t, 3, exitCode(t, cmd), "stderr: %s", stderr.String())
-	require.Equal(t, "INT\nHUP\n", readFile(t, log), "the command got more than the signals sent to pgfence")
+	require.Equal(t, "INT\nHUP\n", readFile(t, log), "the command got more than the signals sent to pgfence; stderr: %s", stderr.String())
 }
 
 // TestDemoCleansUpWhenItsReaderGoesAway: `pgfence demo | head -1` closes the
