@@ -150,7 +150,8 @@ func TestInstallCheckHonoursEachCallersCtx(t *testing.T) {
 // Close and a waiting Acquire may run at the same time: no data race (run
 // with -race), and the notifier that the waiter creates is stopped. (Close
 // used to read c.notify without synchronisation while the waiter (then
-// AcquireWait) created it; when Close won, the notifier created afterwards was never stopped.)
+// AcquireWait) created it; when Close won, the notifier created afterwards
+// was never stopped.)
 func TestCloseDoesNotRaceWithAWaiter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
