@@ -159,9 +159,10 @@ var localConf = []string{
 // and the template's migrations; else it runs initdb, and saves a snapshot
 // for the next test binaries.
 func startLocalServer(bins pgcluster.Bins) (*server, error) {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
 	parent := pgcluster.RAMDir()
-	snap, err := snapshotDir(bins, parent)
+	snap, err := snapshotDir(ctx, bins, parent)
 	if err == nil {
 		if _, statErr := os.Stat(filepath.Join(snap, "data")); statErr == nil {
 			inst, err := pgcluster.StartCopy(ctx, bins, parent, filepath.Join(snap, "data"), nil)
@@ -188,8 +189,8 @@ func startLocalServer(bins pgcluster.Bins) (*server, error) {
 // hash of the server's version, its binaries' directory, the configuration
 // and the migrations, so that any change of these gets a snapshot of its
 // own. (A change of what ensureTemplate makes needs a new "snapshot N".)
-func snapshotDir(bins pgcluster.Bins, parent string) (string, error) {
-	version, err := exec.Command(bins.Path("postgres"), "--version").Output()
+func snapshotDir(ctx context.Context, bins pgcluster.Bins, parent string) (string, error) {
+	version, err := exec.CommandContext(ctx, bins.Path("postgres"), "--version").Output()
 	if err != nil {
 		return "", fmt.Errorf("postgres --version: %w", err)
 	}
