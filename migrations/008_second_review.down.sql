@@ -771,6 +771,32 @@ BEGIN
 END
 $$;
 
+-- fence.protected as 007 left it.
+CREATE OR REPLACE VIEW fence.protected AS
+SELECT t.tgrelid::regclass AS tbl,
+       fence._trigger_arg(t.tgargs, 0) AS resource,
+       (CASE WHEN pg_catalog.bool_or(t.tgname = '~fence_rows_2_upd')
+             THEN NULLIF(max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'), '')
+             ELSE max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname IN ('zz_fence_guard_row', '~fence_guard_1_row')) END)::name AS token_column,
+       (SELECT pg_catalog.array_agg(r.rolname ORDER BY r.rolname)
+          FROM pg_catalog.pg_roles r, pg_catalog.pg_class c
+         WHERE c.oid = t.tgrelid
+           AND NOT r.rolsuper
+           AND NOT pg_catalog.pg_has_role(r.oid, c.relowner, 'USAGE')
+           AND pg_catalog.has_table_privilege(r.oid, t.tgrelid, 'TRIGGER')) AS trigger_roles,
+       CASE WHEN pg_catalog.bool_or(t.tgname = '~fence_rows_2_upd') THEN 'rows' ELSE 'table' END AS form,
+       (max(fence._trigger_arg(t.tgargs, 2)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'))::name AS resource_column,
+       (SELECT pg_catalog.bool_and(g.tgenabled = 'A') FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc p ON p.oid = g.tgfoid
+         WHERE g.tgrelid = t.tgrelid AND p.pronamespace = 'fence'::pg_catalog.regnamespace AND NOT g.tgisinternal) AS fires_always,
+       (SELECT pg_catalog.bool_and(g.tgenabled <> 'D') FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc p ON p.oid = g.tgfoid
+         WHERE g.tgrelid = t.tgrelid AND p.pronamespace = 'fence'::pg_catalog.regnamespace AND NOT g.tgisinternal) AS enabled
+  FROM pg_catalog.pg_trigger t
+ WHERE t.tgname IN ('zz_fence_guard_row', '~fence_guard_1_row', 'zz_fence_guard_stmt', '~fence_rows_2_upd')
+   AND t.tgfoid IN (SELECT p.oid FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace)
+ GROUP BY t.tgrelid, fence._trigger_arg(t.tgargs, 0);
+COMMENT ON VIEW fence.protected IS
+    'every table guarded by fence.protect (form table: resource) or fence.protect_rows (form rows: resource is the prefix, resource_column names the rest), its token column (NULL: fence.use_token), the roles other than the owner that can create triggers on it, whether its guards fire in replica mode too (fires_always) and whether none is disabled (enabled)';
+
 DROP VIEW fence.refusals;
 DROP FUNCTION fence._refuse(text, text, text, text);
 DROP FUNCTION fence._epoch_within(bigint);

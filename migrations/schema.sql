@@ -1943,7 +1943,7 @@ CREATE VIEW fence.protected AS
            FROM pg_trigger g
              JOIN pg_proc p ON p.oid = g.tgfoid
           WHERE g.tgrelid = t.tgrelid AND p.pronamespace = 'fence'::regnamespace::oid AND NOT g.tgisinternal) AS fires_always,
-    ( SELECT bool_and(g.tgenabled <> 'D'::"char") AS bool_and
+    ( SELECT bool_and(g.tgenabled = ANY (ARRAY['O'::"char", 'A'::"char"])) AS bool_and
            FROM pg_trigger g
              JOIN pg_proc p ON p.oid = g.tgfoid
           WHERE g.tgrelid = t.tgrelid AND p.pronamespace = 'fence'::regnamespace::oid AND NOT g.tgisinternal) AS enabled
@@ -1952,7 +1952,7 @@ CREATE VIEW fence.protected AS
            FROM pg_proc p
           WHERE p.pronamespace = 'fence'::regnamespace::oid))
   GROUP BY t.tgrelid, (fence._trigger_arg(t.tgargs, 0));
-COMMENT ON VIEW fence.protected IS 'every table guarded by fence.protect (form table: resource) or fence.protect_rows (form rows: resource is the prefix, resource_column names the rest), its token column (NULL: fence.use_token), the roles other than the owner that can create triggers on it, whether its guards fire in replica mode too (fires_always) and whether none is disabled (enabled)';
+COMMENT ON VIEW fence.protected IS 'every table guarded by fence.protect (form table: resource) or fence.protect_rows (form rows: resource is the prefix, resource_column names the rest), its token column (NULL: fence.use_token), the roles other than the owner that can create triggers on it, whether its guards fire in replica mode too (fires_always) and whether every guard fires for ordinary sessions, none disabled or set to fire in replica mode only (enabled)';
 
 CREATE VIEW fence.refusals AS
  SELECT 'FN001'::text AS sqlstate,

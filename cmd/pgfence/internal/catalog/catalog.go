@@ -160,7 +160,8 @@ type ProtectedTable struct {
 	GuardDisabled bool
 	// GuardReplicaOnly: such a trigger fires in replica mode only (ALTER
 	// TABLE ... ENABLE REPLICA TRIGGER), so ordinary sessions skip it.
-	// fence.protected counts it as enabled.
+	// fence.protected counted it as enabled up to migration 7 (doctor reads
+	// pg_trigger, for every version).
 	GuardReplicaOnly bool
 	// FiresAlways: every guard trigger fires in replica mode too
 	// (fence.fire_always, migration 7); false before migration 7.

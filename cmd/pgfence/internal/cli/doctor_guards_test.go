@@ -147,7 +147,8 @@ func TestDoctorReportsGuardsThatReplicaModeSkips(t *testing.T) {
 // TestDoctorReportsGuardsThatFireInReplicaModeOnly: a guard trigger set to
 // fire in replica mode only (ALTER TABLE ... ENABLE REPLICA TRIGGER) is
 // skipped by every ordinary session, so a write without a token commits;
-// fence.protected still counts such a table as enabled, and doctor fails it
+// fence.protected counts such a table as not enabled (since migration 8;
+// 7 counted it as enabled), and doctor fails it
 // with the fix, for either form, until the guards are re-created.
 func TestDoctorReportsGuardsThatFireInReplicaModeOnly(t *testing.T) {
 	t.Parallel()
@@ -168,7 +169,7 @@ func TestDoctorReportsGuardsThatFireInReplicaModeOnly(t *testing.T) {
 	exec(`INSERT INTO wide VALUES (1, NULL)`) // no token, and accepted
 	var enabled bool
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT enabled FROM fence.protected WHERE tbl = 'wide'::regclass`).Scan(&enabled))
-	require.True(t, enabled, "fence.protected misses replica-only guards (which is why doctor reads pg_trigger)")
+	require.False(t, enabled, "fence.protected (since 008) counts a replica-only guard as not enabled")
 
 	text := func() string {
 		var lines []string
