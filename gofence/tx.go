@@ -33,7 +33,9 @@ type TxOptions struct {
 	// access mode, deferrable mode, CommitQuery), for a Beginner that begins
 	// a transaction of its own (a pool or a connection; a pgx.Tx begins a
 	// savepoint, which takes none, and is then refused). BeginQuery is
-	// refused: Tx writes the BEGIN itself, with the tokens.
+	// refused: Tx writes the BEGIN itself, with the tokens. So is a READ
+	// ONLY transaction under REPEATABLE READ or SERIALIZABLE: the kit's check
+	// locks the lease row there, which a read-only transaction may not.
 	pgx.TxOptions
 }
 
@@ -80,6 +82,9 @@ func Tx(ctx context.Context, db Beginner, opts *TxOptions, fn func(pgx.Tx) error
 	defer func() { err = s.refused(ctx, opTx, err) }() // observer.go
 	if o.BeginQuery != "" {
 		return fmt.Errorf("pgfence: transaction under %s: TxOptions.BeginQuery is refused: Tx writes the BEGIN itself, with the tokens; nothing was sent", s)
+	}
+	if o.AccessMode == pgx.ReadOnly && (o.IsoLevel == pgx.RepeatableRead || o.IsoLevel == pgx.Serializable) {
+		return fmt.Errorf("pgfence: transaction under %s: a READ ONLY transaction under %s cannot be fenced: the check locks the lease row there, which a read-only transaction may not (use READ COMMITTED, or a read-write transaction); nothing was sent", s, o.IsoLevel)
 	}
 	switch d := db.(type) {
 	case nil:
