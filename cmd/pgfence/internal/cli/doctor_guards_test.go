@@ -28,6 +28,17 @@ func doctorList(t *testing.T, url, check string) []finding {
 	return got
 }
 
+// guardFindings is doctor's "protected tables" findings, one line each:
+// status, detail, " | ", fix.
+func guardFindings(t *testing.T, url string) string {
+	t.Helper()
+	var lines []string
+	for _, f := range doctorList(t, url, "protected tables") {
+		lines = append(lines, f.Status+" "+f.Detail+" | "+f.Fix)
+	}
+	return strings.Join(lines, "\n")
+}
+
 // TestDoctorReportsWhatGetsAroundTheGuards: roles other than the owner with
 // TRIGGER on a protected table, a table still on migration 2's guard, and a
 // disabled guard trigger (of either form) are each reported with the fix; a
@@ -56,12 +67,7 @@ func TestDoctorReportsWhatGetsAroundTheGuards(t *testing.T) {
 	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "rowsoff", "id", "r:", "tok"))
 	exec(`ALTER TABLE rowsoff DISABLE TRIGGER "~fence_rows_2_upd"`)
 
-	fs := doctorList(t, db.URL, "protected tables")
-	var text []string
-	for _, f := range fs {
-		text = append(text, f.Status+" "+f.Detail+" | "+f.Fix)
-	}
-	all := strings.Join(text, "\n")
+	all := guardFindings(t, db.URL)
 	require.Contains(t, all, "warn roles other than the owner can create triggers on granted: "+etl)
 	require.Contains(t, all, "REVOKE TRIGGER ON granted FROM "+etl)
 	require.Contains(t, all, "warn legacy keeps the guard of migration 2")
@@ -122,13 +128,7 @@ func TestDoctorReportsGuardsThatReplicaModeSkips(t *testing.T) {
 	require.NoError(t, sqlfuncs.Protect(ctx, conn, "wide", "r", "tok"))
 	exec(`CREATE TABLE perrow (id int NOT NULL, tok bigint)`)
 	require.NoError(t, sqlfuncs.ProtectRows(ctx, conn, "perrow", "id", "r:", "tok"))
-	text := func() string {
-		var lines []string
-		for _, f := range doctorList(t, c.URL(), "protected tables") {
-			lines = append(lines, f.Status+" "+f.Detail+" | "+f.Fix)
-		}
-		return strings.Join(lines, "\n")
-	}
+	text := func() string { return guardFindings(t, c.URL()) }
 	require.NotContains(t, text(), "session_replication_role", "nobody but superusers may choose replica mode")
 
 	const loader = "loader"
@@ -171,13 +171,7 @@ func TestDoctorReportsGuardsThatFireInReplicaModeOnly(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT enabled FROM fence.protected WHERE tbl = 'wide'::regclass`).Scan(&enabled))
 	require.False(t, enabled, "fence.protected (since 008) counts a replica-only guard as not enabled")
 
-	text := func() string {
-		var lines []string
-		for _, f := range doctorList(t, db.URL, "protected tables") {
-			lines = append(lines, f.Status+" "+f.Detail+" | "+f.Fix)
-		}
-		return strings.Join(lines, "\n")
-	}
+	text := func() string { return guardFindings(t, db.URL) }
 	all := text()
 	require.Contains(t, all, "fail a guard trigger of wide fires in replica mode only (ENABLE REPLICA TRIGGER): ordinary sessions skip it")
 	require.Contains(t, all, "as the owner of wide: SELECT fence.protect again")
@@ -212,13 +206,7 @@ func TestDoctorWarnsOfAProtectedPartitionWithUnprotectedSiblings(t *testing.T) {
 	require.NoError(t, sqlfuncs.Protect(ctx, db.Pool, "items_hot", "r", "tok"))
 	exec(`ALTER TABLE items ATTACH PARTITION items_hot FOR VALUES FROM (0) TO (100)`)
 	exec(`CREATE TABLE items_cold PARTITION OF items FOR VALUES FROM (100) TO (200)`)
-	text := func() string {
-		var lines []string
-		for _, f := range doctorList(t, db.URL, "protected tables") {
-			lines = append(lines, f.Status+" "+f.Detail+" | "+f.Fix)
-		}
-		return strings.Join(lines, "\n")
-	}
+	text := func() string { return guardFindings(t, db.URL) }
 	all := text()
 	require.Contains(t, all, "warn items_hot is a partition whose siblings items_cold are not protected")
 	require.Contains(t, all, "protect each sibling before attaching it")
