@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -270,13 +271,39 @@ func TestNoTokenIsGrantedTwiceWhateverRunsAtCommit(t *testing.T) {
 		_, err := admin.Exec(ctx, sql)
 		require.NoError(t, err, sql)
 	}
+	// Whether a sabotaged commit is lost is up to the server: the WAL writer
+	// is woken when a WAL page fills and may flush up to that page whatever
+	// wal_writer_delay says, and any later flush takes the asynchronous
+	// commits with it (CI once saw a round on PostgreSQL 14 in which nothing
+	// was lost). A round in which nothing was lost proves nothing about the
+	// attack (its checks still run); the attack is tried again, up to five
+	// rounds, and must lose a grant in one of them.
+	const rounds = 5
+	for round := 1; ; round++ {
+		lost := commitSabotageRound(t, ctx, c, app, fmt.Sprintf("commit/%d/", round))
+		if lost > 0 {
+			break
+		}
+		require.Less(t, round, rounds, "in %d rounds the crash never lost a grant whose commit was made asynchronous (the attack did not work)", rounds)
+	}
+}
+
+// commitSabotageRound grants three resources (prefix + way) as app, each in
+// a transaction that turns synchronous_commit off after the kit's last
+// word, crashes the cluster, restarts it, and checks that every grant
+// after the crash is above every grant before it, lost or not, and that
+// the tokens granted before it are refused. It returns how many of the
+// three grants the crash lost.
+func commitSabotageRound(t *testing.T, ctx context.Context, c *pgtest.Cluster, app, prefix string) int {
+	t.Helper()
+	admin := connect(t, ctx, c.URL(), false)
 	conn := connect(t, ctx, c.URLAs(app), false)
 	// A first grant, so that the ones below take the grant's fast path (the
-	// first grant of an install validates the epoch state and commits
-	// synchronously whatever the caller does), and the caller's own deferred
-	// trigger, prepared beforehand (creating it commits synchronously, which
-	// would flush what came before).
-	mustAcquire(t, ctx, admin, "commit/warm-up", "admin")
+	// first grant after an install or a crash validates the epoch state and
+	// commits synchronously whatever the caller does), and the caller's own
+	// deferred trigger, prepared beforehand (creating it commits
+	// synchronously, which would flush what came before).
+	mustAcquire(t, ctx, admin, prefix+"warm-up", "admin")
 	// After a checkpoint the sequence behind the counter logs its next value
 	// again, in the WAL the sabotaged commits leave unflushed: the crash
 	// then takes the counter back to the checkpoint's value.
@@ -296,9 +323,9 @@ func TestNoTokenIsGrantedTwiceWhateverRunsAtCommit(t *testing.T) {
 		res   string
 		after []string // statements of the granting transaction after fence.acquire
 	}{
-		{"commit/hold-cursor", []string{`DECLARE c CURSOR WITH HOLD FOR SELECT set_config('synchronous_commit', 'off', true)`}},
-		{"commit/own-deferred-trigger", []string{`INSERT INTO pg_temp.late VALUES (1)`}},
-		{"commit/set-constraints", []string{`SET CONSTRAINTS ALL IMMEDIATE`, `SET LOCAL synchronous_commit = off`}},
+		{prefix + "hold-cursor", []string{`DECLARE c CURSOR WITH HOLD FOR SELECT set_config('synchronous_commit', 'off', true)`}},
+		{prefix + "own-deferred-trigger", []string{`INSERT INTO pg_temp.late VALUES (1)`}},
+		{prefix + "set-constraints", []string{`SET CONSTRAINTS ALL IMMEDIATE`, `SET LOCAL synchronous_commit = off`}},
 	}
 	granted := newLedger()
 	for _, w := range ways {
@@ -330,7 +357,6 @@ func TestNoTokenIsGrantedTwiceWhateverRunsAtCommit(t *testing.T) {
 		}
 		t.Logf("%s: granted %d before the crash, fence.lease has %d after it", w.res, granted.max(w.res), kept[w.res])
 	}
-	require.Positive(t, lost, "the crash lost the grants whose commits were made asynchronous (the attack works)")
 	for _, w := range ways {
 		tok := mustRevoke(t, ctx, after, w.res) // a grant, whether or not A's lease survived
 		requireAbove(t, granted, w.res, tok, "grant after the crash")
@@ -340,6 +366,7 @@ func TestNoTokenIsGrantedTwiceWhateverRunsAtCommit(t *testing.T) {
 		require.Error(t, err, "%s: the token granted before the crash is refused", w.res)
 		require.True(t, errors.Is(err, sqlfuncs.ErrStaleToken) || errors.Is(err, sqlfuncs.ErrUnknownToken), "%s: %v", w.res, err)
 	}
+	return lost
 }
 
 // TestPreparedGrantIsNeverHandedOutAgain: PREPARE TRANSACTION around a
