@@ -1,0 +1,16 @@
+create function cguard_tw() returns trigger language c as '$libdir/cguard', 'cguard_tw';
+create function cguard_rows() returns trigger language c as '$libdir/cguard', 'cguard_rows';
+create function cguard_use_token(text, bigint) returns void language c strict as '$libdir/cguard', 'cguard_use_token';
+create table ctw(id int primary key, v bigint not null default 0, tok bigint) with (fillfactor=50);
+create table cut(id int primary key, v bigint not null default 0) with (fillfactor=50);
+create table cpr(id int primary key, v bigint not null default 0, tok bigint) with (fillfactor=50);
+insert into ctw select g,0,:tok from generate_series(1,100) g;
+insert into cut select g,0 from generate_series(1,100) g;
+insert into cpr select id, 0, tok from toks;
+create trigger g before insert or update or delete on ctw for each row execute function cguard_tw('tw', 'tok');
+create trigger g before insert or update or delete on cut for each row execute function cguard_tw('tw');
+create trigger g before insert or update or delete on cpr for each row execute function cguard_rows('id', 'row:', 'tok');
+create table sut(id int primary key, v bigint not null default 0) with (fillfactor=50);
+insert into sut select g,0 from generate_series(1,100) g;
+create table cpr0(id int primary key, v bigint not null default 0, tok bigint) with (fillfactor=50);
+insert into cpr0 select id, 0, tok from toks;
