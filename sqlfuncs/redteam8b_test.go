@@ -38,7 +38,17 @@ func rt8bSetup(t *testing.T, prefix string) *rt8bFixture {
 	b := setup(t)
 	ctx := b.ctx
 	app := pgtest.NewRole(t, prefix)
-	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
+	rt8bTables(t, ctx, b.db.Pool, app)
+	return &rt8bFixture{b: b, role: app, ac: roleConn(t, b, app)}
+}
+
+// rt8bTables gives app the kit's usage and creates, as db's role, the
+// fixture's tables, granted to app: rt_cols (table-wide, resource rtc, token
+// column tok), rt_plain (table-wide, rtp, fence.use_token), rt_rows
+// (per-row, rtj:<job>, tok) and rt_free (unprotected).
+func rt8bTables(t *testing.T, ctx context.Context, db sqlfuncs.DB, app string) {
+	t.Helper()
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, db, app, false))
 	for _, s := range []string{
 		`CREATE TABLE rt_cols (id int PRIMARY KEY, tok bigint, val text)`,
 		`CREATE TABLE rt_plain (id int PRIMARY KEY, val text)`,
@@ -46,12 +56,12 @@ func rt8bSetup(t *testing.T, prefix string) *rt8bFixture {
 		`CREATE TABLE rt_free (id int PRIMARY KEY, val text)`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON rt_cols, rt_plain, rt_rows, rt_free TO ` + pgx.Identifier{app}.Sanitize(),
 	} {
-		b.exec(t, s)
+		_, err := db.Exec(ctx, s)
+		require.NoError(t, err, s)
 	}
-	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "rt_cols", "rtc", "tok"))
-	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "rt_plain", "rtp", ""))
-	require.NoError(t, sqlfuncs.ProtectRows(ctx, b.db.Pool, "rt_rows", "job", "rtj:", "tok"))
-	return &rt8bFixture{b: b, role: app, ac: roleConn(t, b, app)}
+	require.NoError(t, sqlfuncs.Protect(ctx, db, "rt_cols", "rtc", "tok"))
+	require.NoError(t, sqlfuncs.Protect(ctx, db, "rt_plain", "rtp", ""))
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db, "rt_rows", "job", "rtj:", "tok"))
 }
 
 // rt8bResource names form's resource for row id (per-row: one job per id).
@@ -483,20 +493,9 @@ func TestRedteam8bPreparedTransactionKeepsTheGate(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = owner.Close(context.WithoutCancel(ctx)) })
 	app := "rt8b2pc"
-	for _, s := range []string{
-		`CREATE ROLE rt8b2pc LOGIN`,
-		`CREATE TABLE rt_cols (id int PRIMARY KEY, tok bigint, val text)`,
-		`CREATE TABLE rt_plain (id int PRIMARY KEY, val text)`,
-		`CREATE TABLE rt_rows (id int PRIMARY KEY, job int NOT NULL, tok bigint, val text)`,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON rt_cols, rt_plain, rt_rows TO rt8b2pc`,
-	} {
-		_, err := owner.Exec(ctx, s)
-		require.NoError(t, err, s)
-	}
-	require.NoError(t, sqlfuncs.GrantUsage(ctx, owner, app, false))
-	require.NoError(t, sqlfuncs.Protect(ctx, owner, "rt_cols", "rtc", "tok"))
-	require.NoError(t, sqlfuncs.Protect(ctx, owner, "rt_plain", "rtp", ""))
-	require.NoError(t, sqlfuncs.ProtectRows(ctx, owner, "rt_rows", "job", "rtj:", "tok"))
+	_, err = owner.Exec(ctx, `CREATE ROLE rt8b2pc LOGIN`)
+	require.NoError(t, err)
+	rt8bTables(t, ctx, owner, app)
 	ac, err := pgx.Connect(ctx, c.URLAs(app))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ac.Close(context.WithoutCancel(ctx)) })
@@ -522,18 +521,7 @@ func TestRedteam8bPreparedTransactionKeepsTheGate(t *testing.T) {
 				_, err = ac.Exec(ctx, `PREPARE TRANSACTION '`+gid+`'`)
 				require.NoError(t, err)
 
-				pool := owner
-				tx, err := pool.Begin(ctx)
-				require.NoError(t, err)
-				_, err = tx.Exec(ctx, `SELECT set_config('fence.grant_wait', '300ms', true)`)
-				require.NoError(t, err)
-				var t2 int64
-				revErr := tx.QueryRow(ctx, `SELECT fence.revoke($1)`, res).Scan(&t2)
-				if revErr == nil {
-					revErr = tx.Commit(ctx)
-				} else {
-					_ = tx.Rollback(ctx)
-				}
+				t2, revErr := revokeWithin(ctx, owner, res, "300ms")
 				_, comErr := ac.Exec(ctx, `COMMIT PREPARED '`+gid+`'`)
 				var n int
 				require.NoError(t, owner.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM rt_%s WHERE id = %d`, form, id)).Scan(&n))
