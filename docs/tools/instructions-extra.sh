@@ -12,8 +12,12 @@
 #   mk NAME N "PREPARE ..." "EXECUTE ...;"   for bulk scenarios, N = 4 and 8
 # ($T is 'tw''s token, $P the token of resource row:1.) ONLY lists the scenarios to report (default:
 # the shared tool's); each is divided into its reference: bulk-plain for names starting with bulk,
-# grant-hand for names starting with grant, plain for the others.
+# grant-hand for names starting with grant, plain-ins and plain-del for names ending in -ins and -del,
+# plain for the others; list a reference before the scenarios it divides, or it is counted in a run
+# of its own after their runs have changed the tables.
 #
+#   EXTRA=docs/tools/insert-delete.sql SCEN=docs/tools/insert-delete.scen \
+#     ONLY="plain-ins tw-ins rows-ins plain-del tw-del rows-del" docs/tools/instructions-extra.sh migrations
 #   EXTRA=docs/tools/floors.sql SCEN=docs/tools/floors.scen \
 #     ONLY="plain empty-trig floor-tw floor-gate floor-sound table-wide plain-10k floor-rows per-row floor-ut use-token grant-hand grant-floor grant" \
 #     docs/tools/instructions-extra.sh migrations
@@ -92,9 +96,11 @@ for f in ${SCEN:-}; do . "$f"; done
 printf '%-16s %14s %10s\n' scenario 'instr/stmt' 'ref/this'
 declare -A ref
 for s in ${ONLY:-plain empty-trig table-wide use-token per-row bulk-plain bulk-rows grant-hand grant}; do
-  case $s in bulk*) n1=4; n2=8; r=bulk-plain;; grant*) n1=100; n2=200; r=grant-hand;; *) n1=100; n2=200; r=plain;; esac
+  n1=100; n2=200
+  case $s in bulk*) n1=4; n2=8; r=bulk-plain;; grant*) r=grant-hand;; *-ins) r=plain-ins;; *-del) r=plain-del;; *) r=plain;; esac
   [ -f "$W/$s.$n1.sql" ] || { echo "no scenario $s" >&2; continue; }
   v=$(per $s $n1 $n2)
-  if [ -z "${ref[$r]:-}" ]; then ref[$r]=$(per $r $n1 $n2); fi
+  # a reference counts once: its own figure when it is listed, else a run of its own
+  if [ "$s" = "$r" ]; then ref[$r]=$v; elif [ -z "${ref[$r]:-}" ]; then ref[$r]=$(per $r $n1 $n2); fi
   printf '%-16s %14s %10.3f\n' "$s" "$v" "$(echo "${ref[$r]} / $v" | bc -l)"
 done
