@@ -61,19 +61,19 @@ AS $$ SELECT pg_catalog.pg_current_xact_id() $$;
 
 -- The md5 of this server's backup_label.old, which PostgreSQL leaves in the
 -- data directory of a server started from a base backup (and after
--- pg_rewind); '' when there is none; NULL when the kit's owner may not
--- execute pg_read_file (a non-superuser owner without GRANT EXECUTE ON
+-- pg_rewind); '' when there is none; NULL when the role it runs as (the
+-- kit's owner: it is called from fence._epoch and fence.token_budget) may
+-- not execute pg_read_file (a non-superuser owner without GRANT EXECUTE ON
 -- FUNCTION pg_read_file(text, bigint, bigint, boolean)), so the kit cannot
--- know. SECURITY DEFINER: it reads as the owner, whoever asks.
+-- know.
 CREATE FUNCTION fence._backup_label() RETURNS text
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    IF NOT has_function_privilege('pg_catalog.pg_read_file(pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.bool)', 'EXECUTE') THEN
+    IF NOT pg_catalog.has_function_privilege('pg_catalog.pg_read_file(pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.bool)', 'EXECUTE') THEN
         RETURN NULL;
     END IF;
-    RETURN coalesce(md5(pg_read_file('backup_label.old', 0, 1048576, true)), '');
+    RETURN COALESCE(pg_catalog.md5(pg_catalog.pg_read_file('backup_label.old', 0, 1048576, true)), '');
 END
 $$;
 

@@ -121,14 +121,13 @@ $function$;
 CREATE OR REPLACE FUNCTION fence._backup_label()
  RETURNS text
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
+ STABLE
 AS $function$
 BEGIN
-    IF NOT has_function_privilege('pg_catalog.pg_read_file(pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.bool)', 'EXECUTE') THEN
+    IF NOT pg_catalog.has_function_privilege('pg_catalog.pg_read_file(pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.bool)', 'EXECUTE') THEN
         RETURN NULL;
     END IF;
-    RETURN coalesce(md5(pg_read_file('backup_label.old', 0, 1048576, true)), '');
+    RETURN COALESCE(pg_catalog.md5(pg_catalog.pg_read_file('backup_label.old', 0, 1048576, true)), '');
 END
 $function$;
 
