@@ -60,8 +60,7 @@ LANGUAGE sql IMMUTABLE
 AS $$ SELECT pg_catalog.pg_current_xact_id() $$;
 
 -- The md5 of this server's backup_label.old, which PostgreSQL leaves in the
--- data directory of a server started from a base backup (and after
--- pg_rewind); '' when there is none; NULL when the role it runs as (the
+-- data directory of a server started from a base backup; '' when there is none; NULL when the role it runs as (the
 -- kit's owner: it is called from fence._epoch and fence.token_budget) may
 -- not execute pg_read_file (a non-superuser owner without GRANT EXECUTE ON
 -- FUNCTION pg_read_file(text, bigint, bigint, boolean)), so the kit cannot
