@@ -138,6 +138,11 @@ func TestPromotionDoesNotMoveTheCounter(t *testing.T) {
 	}
 	last := book.per.max("promo/r")
 	p.WaitCaughtUp(t, s)
+	onStandby, err := sqlfuncs.TokenBudget(ctx, connect(t, ctx, s.URL(), false))
+	require.NoError(t, err, "the budget answers on a standby")
+	require.Equal(t, epochOf(last), onStandby.Epoch)
+	require.True(t, onStandby.Counter >= counterOf(last) && onStandby.Counter <= counterOf(last)+32,
+		"a standby's counter %d is the replayed one, at most 32 above the last granted %d", onStandby.Counter, counterOf(last))
 	require.NoError(t, pc.Close(ctx))
 	p.Stop(t, "immediate")
 	s.Promote(t)
@@ -149,6 +154,7 @@ func TestPromotionDoesNotMoveTheCounter(t *testing.T) {
 	budget, err := sqlfuncs.TokenBudget(ctx, sc)
 	require.NoError(t, err)
 	require.Equal(t, epochOf(tok), budget.Epoch)
+	require.Equal(t, counterOf(tok), budget.Counter)
 	require.EqualValues(t, 2047, budget.CounterMovesLeft, "no move spent")
 
 	require.NoError(t, sc.Close(ctx))

@@ -18,7 +18,8 @@ type Budget struct {
 	// takes one.
 	EpochsLeft int64
 	// Counter is the last counter value handed out (0 before the first
-	// grant).
+	// grant); on a standby the replayed value, up to 32 above it (a
+	// sequence logs values ahead of the ones it hands out).
 	Counter int64
 	// GrantsLeft is how many more grants the counter has room for
 	// (2^43 - 1 - Counter), counting no crash restart.
