@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
@@ -270,4 +271,66 @@ func dumpFenceData(t *testing.T, ctx context.Context, conn *pgx.Conn, url string
 		}
 		require.NoError(t, tx.Commit(ctx))
 	}
+}
+
+// TestBaseBackupOfAnOwnerWithoutPgReadFileTakesTheStep (issue 31, break 2,
+// the case the kit cannot see): the kit's owner is not a superuser and may
+// not execute pg_read_file, so fence.token_budget() says
+// reads_backup_label = false, on the primary and on the backup. The story
+// of TestBaseBackupStartedWithoutRecoveryAfterAPrimaryCrash, then the step
+// docs/sql.md asks for (DELETE FROM fence.origin as the kit's owner) before
+// the backup's first grant: its grants start a new epoch, none repeats a
+// token of the primary, and the primary's tokens are stale there.
+func TestBaseBackupOfAnOwnerWithoutPgReadFileTakesTheStep(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	p := pgtest.NewCluster(t, pgtest.ClusterOptions{NoMigrate: true})
+	admin := connect(t, ctx, p.URL(), false)
+	for _, sql := range []string{
+		`CREATE ROLE kitowner LOGIN`,
+		`GRANT CREATE ON DATABASE ` + pgtest.ClusterDB + ` TO kitowner`,
+		`GRANT CREATE ON SCHEMA public TO kitowner`,
+	} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	require.NoError(t, gofence.Migrate(ctx, poolWith(t, p.URLAs("kitowner"), "")))
+	book := newGrantBook(t)
+	pc := connect(t, ctx, p.URLAs("kitowner"), false)
+	budget, err := sqlfuncs.TokenBudget(ctx, pc)
+	require.NoError(t, err)
+	require.False(t, budget.ReadsBackupLabel, "an owner without pg_read_file cannot read backup_label.old")
+	for range 3 {
+		book.grant(ctx, pc, "step/r", "primary, before the backup")
+	}
+	backup := p.NewBaseBackup(t)
+	for range 5 {
+		book.grant(ctx, pc, "step/r", "primary, after the backup")
+	}
+	require.NoError(t, pc.Close(ctx))
+	p.Restart(t, "immediate")
+	pc = connect(t, ctx, p.URLAs("kitowner"), false)
+	for i := range 40 {
+		book.grant(ctx, pc, fmt.Sprintf("step/q%d", i), "primary, after its crash")
+	}
+	book.grant(ctx, pc, "step/r", "primary, after its crash")
+	primary := book.per.clone()
+	require.NoError(t, pc.Close(ctx))
+	p.Stop(t, "immediate")
+
+	backup.StartBackup(t)
+	bc := connect(t, ctx, backup.URLAs("kitowner"), false)
+	budget, err = sqlfuncs.TokenBudget(ctx, bc)
+	require.NoError(t, err)
+	require.False(t, budget.ReadsBackupLabel)
+	_, err = bc.Exec(ctx, `DELETE FROM fence.origin`) // the step
+	require.NoError(t, err)
+	for i := range 60 {
+		tok := book.grant(ctx, bc, "step/r", "the backup, after the step")
+		if i == 0 {
+			require.Greater(t, epochOf(tok), primary.maxEpoch(), "the step makes the first grant start a new epoch")
+		}
+		book.grant(ctx, bc, fmt.Sprintf("step/q%d", i), "the backup, after the step")
+	}
+	requireStale(t, ctx, bc, primary, "step/r")
 }

@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pgfence/gofence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
@@ -119,4 +122,36 @@ func mustGrant(t *testing.T, b *bundle, res string) int64 {
 	require.NoError(t, err)
 	require.Positive(t, tok)
 	return tok
+}
+
+// TestTokenBudgetSaysWhetherTheOwnerReadsTheBackupLabel: a kit installed by
+// an owner that is not a superuser cannot read backup_label.old
+// (reads_backup_label false: a base backup started without recovery then
+// needs DELETE FROM fence.origin, docs/sql.md "Epoch"); once a superuser
+// grants that owner EXECUTE on pg_read_file it can.
+func TestTokenBudgetSaysWhetherTheOwnerReadsTheBackupLabel(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.Empty(t)
+	owner := pgtest.NewRole(t, "kitowner")
+	ownerID := pgx.Identifier{owner}.Sanitize()
+	for _, sql := range []string{
+		`GRANT CREATE ON DATABASE ` + pgx.Identifier{db.Name}.Sanitize() + ` TO ` + ownerID,
+		`GRANT CREATE ON SCHEMA public TO ` + ownerID,
+	} {
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	own, err := pgxpool.New(ctx, db.URLAs(owner))
+	require.NoError(t, err)
+	t.Cleanup(own.Close)
+	require.NoError(t, gofence.Migrate(ctx, own))
+	got, err := sqlfuncs.TokenBudget(ctx, own)
+	require.NoError(t, err)
+	require.False(t, got.ReadsBackupLabel)
+	_, err = db.Pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION pg_read_file(text, bigint, bigint, boolean) TO `+ownerID)
+	require.NoError(t, err)
+	got, err = sqlfuncs.TokenBudget(ctx, own)
+	require.NoError(t, err)
+	require.True(t, got.ReadsBackupLabel)
 }
