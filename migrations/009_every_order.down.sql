@@ -5,6 +5,9 @@
 -- 1. The grant and the check
 -- ---------------------------------------------------------------------------
 
+-- The revoked rows stay revoked (their new tokens are larger: harmless).
+ALTER TABLE fence.lease DROP CONSTRAINT lease_token_key;
+
 -- ---------------------------------------------------------------------------
 -- 2. Epochs: restores and the counter's budget
 -- ---------------------------------------------------------------------------

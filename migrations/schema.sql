@@ -55,7 +55,8 @@ CREATE TABLE fence.lease (
     ended_at timestamp with time zone,
     session_pid integer,
     waiters boolean DEFAULT false NOT NULL,
-    CONSTRAINT lease_pkey PRIMARY KEY (resource)
+    CONSTRAINT lease_pkey PRIMARY KEY (resource),
+    CONSTRAINT lease_token_key UNIQUE (token)
 ) WITH (fillfactor=80);
 COMMENT ON TABLE fence.lease IS 'pgfence internal: one row per resource with its latest token; read fence.leases instead';
 
