@@ -38,6 +38,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -128,6 +129,8 @@ type Spec struct {
 	Family string
 	// Sessions are the concurrent sessions (two or three).
 	Sessions []Session
+	// Setup, when set, replaces Target.Setup for this spec.
+	Setup string
 }
 
 // Target is the database the orders run in, and how to read it.
@@ -196,6 +199,10 @@ type Failure struct {
 	// rows and leases the order left.
 	Report string
 }
+
+// debug, set by PGFENCE_IL_DEBUG=1, prints every order run, its time and
+// its steps' results.
+var debug = os.Getenv("PGFENCE_IL_DEBUG") == "1"
 
 // ref is one position of an order: session index and step index.
 type ref struct{ s, i int }
@@ -349,7 +356,14 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (Stats, []Failure, error) {
 			st.Sampled++
 			return true
 		}
+		t0 := time.Now()
 		out, err := r.runOrder(ctx, spec, sess, order)
+		if debug {
+			fmt.Printf("interleave: %s: %s: %s\n", spec.Name, time.Since(t0), describe(spec, order))
+			if out != nil {
+				fmt.Printf("    %s\n", strings.Join(out.lines, "\n    "))
+			}
+		}
 		if err != nil {
 			runErr = fmt.Errorf("interleave: spec %s, order %s: %w", spec.Name, describe(spec, order), err)
 			return false
@@ -457,10 +471,14 @@ func isOpening(spec Spec, x ref) bool {
 func (r *Runner) runOrder(ctx context.Context, spec Spec, sess []*session, order []ref) (*outcome, error) {
 	out := &outcome{order: order, commits: map[string]int{}, setupTok: map[string]int64{}, setupRes: map[string]string{}, prepared: map[string]string{}}
 	vars := map[string]string{}
-	if err := r.reset(ctx, sess); err != nil {
+	if err := r.reset(ctx, spec, sess); err != nil {
 		return nil, err
 	}
-	rows, err := r.monitor.Query(ctx, r.t.Setup)
+	setup := r.t.Setup
+	if spec.Setup != "" {
+		setup = spec.Setup
+	}
+	rows, err := r.monitor.Query(ctx, setup)
 	if err != nil {
 		return nil, fmt.Errorf("setup: %w", err)
 	}
@@ -567,11 +585,24 @@ func (r *Runner) stuck(ctx context.Context, sess []*session) bool {
 	return err == nil && n == 0
 }
 
-func (r *Runner) reset(ctx context.Context, sess []*session) error {
+func (r *Runner) reset(ctx context.Context, spec Spec, sess []*session) error {
+	prepares := false
 	for _, s := range sess {
+		for _, st := range s.spec.Steps {
+			prepares = prepares || st.Kind == Prepare
+		}
+		if s.conn.PgConn().TxStatus() == 'I' {
+			continue
+		}
 		if _, err := s.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
 			return fmt.Errorf("reset session %s: %w", s.spec.Name, err)
 		}
+	}
+	if !prepares {
+		if _, err := r.monitor.PgConn().Exec(ctx, r.t.Reset).ReadAll(); err != nil {
+			return fmt.Errorf("reset: %w", err)
+		}
+		return nil
 	}
 	rows, err := r.monitor.Query(ctx, `SELECT gid FROM pg_prepared_xacts WHERE database = current_database()`)
 	if err != nil {
@@ -1003,4 +1034,17 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 	}
 	b.WriteString("\n")
 	return b.String(), true, nil
+}
+
+// Count returns how many orders spec has and how many of them only move a
+// BEGIN (those are not run), without running any.
+func Count(spec Spec) (enumerated, commuted int) {
+	enumerate(spec, func(_ []ref, c bool) bool {
+		enumerated++
+		if c {
+			commuted++
+		}
+		return true
+	})
+	return enumerated, commuted
 }
