@@ -52,9 +52,11 @@ var (
 	ilRenew    = interleave.Step{Name: "renew", SQL: `SELECT fence.renew('r', {T1}, '1h') IS NOT NULL`}
 	ilAcquire  = interleave.Step{Name: "acquire", SQL: `SELECT fence.acquire('r', 'g', '1h')`, Kind: interleave.Grant, Resource: "r", Save: "T2"}
 	ilRevoke   = interleave.Step{Name: "revoke", SQL: `SELECT fence.revoke('r')`, Kind: interleave.Grant, Resource: "r", Save: "T2"}
-	ilSP       = interleave.Step{Name: "savepoint", SQL: `SAVEPOINT s`, Kind: interleave.Savepoint, Savepoint: "s"}
-	ilSPRel    = interleave.Step{Name: "release_s", SQL: `RELEASE SAVEPOINT s`, Kind: interleave.ReleaseSavepoint, Savepoint: "s"}
-	ilSPBack   = interleave.Step{Name: "rollback_to_s", SQL: `ROLLBACK TO SAVEPOINT s`, Kind: interleave.RollbackTo, Savepoint: "s"}
+	// ilOwnAcquire is the writer's own grant, saved as TW.
+	ilOwnAcquire = interleave.Step{Name: "acquire", SQL: `SELECT fence.acquire('r', 'h', '1h')`, Kind: interleave.Grant, Resource: "r", Save: "TW"}
+	ilSP         = interleave.Step{Name: "savepoint", SQL: `SAVEPOINT s`, Kind: interleave.Savepoint, Savepoint: "s"}
+	ilSPRel      = interleave.Step{Name: "release_s", SQL: `RELEASE SAVEPOINT s`, Kind: interleave.ReleaseSavepoint, Savepoint: "s"}
+	ilSPBack     = interleave.Step{Name: "rollback_to_s", SQL: `ROLLBACK TO SAVEPOINT s`, Kind: interleave.RollbackTo, Savepoint: "s"}
 )
 
 func ilCommitPrepared(of string) interleave.Step {
@@ -209,6 +211,10 @@ func ilSpecs() []interleave.Spec {
 		{"renew+write", func(f string) []interleave.Step { return ilSteps(ilRenew, ilWrite(f, "T1")) }},
 		{"check+write", func(f string) []interleave.Step { return ilSteps(ilCheck, ilWrite(f, "T1")) }},
 		{"write+release", func(f string) []interleave.Step { return ilSteps(ilWrite(f, "T1"), ilRelease) }},
+		// The writer's own grant (docs/design.md, W6): after it, a write
+		// under T1 fails and one under T2 is the newest grant's.
+		{"release+acquire+write_t1", func(f string) []interleave.Step { return ilSteps(ilRelease, ilOwnAcquire, ilWrite(f, "T1")) }},
+		{"release+acquire+write_tw", func(f string) []interleave.Step { return ilSteps(ilRelease, ilOwnAcquire, ilWrite(f, "TW")) }},
 	}
 	grants := []struct {
 		name, role string

@@ -718,7 +718,7 @@ func (r *Runner) send(ctx context.Context, sess []*session, s *session, x ref, v
 // await waits until p returns or blocks.
 func (r *Runner) await(ctx context.Context, spec Spec, sess []*session, s *session, p *pending, vars map[string]string, out *outcome) error {
 	deadline := time.Now().Add(r.t.StepTimeout)
-	wait := 200 * time.Microsecond
+	wait := time.Millisecond
 	for {
 		select {
 		case res := <-p.done:
