@@ -144,16 +144,16 @@ type Target struct {
 	// rolled back and every prepared transaction of the database rolled
 	// back: it empties the tables and the lease rows.
 	Reset string
-	// Setup runs on Admin after Reset and returns rows of (name, resource,
-	// token): the tokens every order starts with (granted and committed),
-	// saved under name.
+	// Setup runs on Admin after Reset (both in one round trip) and returns
+	// rows of (name, resource, token): the tokens every order starts with
+	// (granted and committed), saved under name.
 	Setup string
 	// Rows returns (resource, token, tx) for every row the sessions wrote
 	// that is in the tables at the end of an order: tx is the {tx} the
 	// writing step stored.
 	Rows string
 	// Leases returns (resource, token) of every lease row at the end of
-	// an order.
+	// an order (sent with Rows in one round trip).
 	Leases string
 	// StepTimeout bounds each step and the wait of a blocked one
 	// (default 20 s).
@@ -276,6 +276,7 @@ type pending struct {
 	sql   string
 	done  chan result
 	early *result // the result, when blocked() received it
+	grant bool    // a Grant step, which may wait in pg_sleep
 }
 
 // poll returns p's result when it is there.
@@ -478,23 +479,21 @@ func (r *Runner) runOrder(ctx context.Context, spec Spec, sess []*session, order
 	if spec.Setup != "" {
 		setup = spec.Setup
 	}
-	rows, err := r.monitor.Query(ctx, setup)
+	rs, err := r.monitor.PgConn().Exec(ctx, r.t.Reset+";\n"+setup).ReadAll()
 	if err != nil {
-		return nil, fmt.Errorf("setup: %w", err)
+		return nil, fmt.Errorf("reset and setup: %w", err)
 	}
-	for rows.Next() {
-		var name, res string
-		var tok int64
-		if err := rows.Scan(&name, &res, &tok); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("setup: %w", err)
+	for _, row := range rs[len(rs)-1].Rows {
+		if len(row) != 3 {
+			return nil, fmt.Errorf("setup: %d columns, want (name, resource, token)", len(row))
 		}
-		vars[name] = strconv.FormatInt(tok, 10)
-		out.setupTok[name] = tok
-		out.setupRes[name] = res
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("setup: %w", err)
+		tok, err := strconv.ParseInt(string(row[2]), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("setup: token %q: %w", row[2], err)
+		}
+		vars[string(row[0])] = string(row[2])
+		out.setupTok[string(row[0])] = tok
+		out.setupRes[string(row[0])] = string(row[1])
 	}
 	for _, s := range sess {
 		s.next, s.waiting, s.txn, s.tx, s.gid, s.gidTx, s.sps, s.grants = 0, nil, 0, "", "", "", nil, nil
@@ -599,9 +598,6 @@ func (r *Runner) reset(ctx context.Context, spec Spec, sess []*session) error {
 		}
 	}
 	if !prepares {
-		if _, err := r.monitor.PgConn().Exec(ctx, r.t.Reset).ReadAll(); err != nil {
-			return fmt.Errorf("reset: %w", err)
-		}
 		return nil
 	}
 	rows, err := r.monitor.Query(ctx, `SELECT gid FROM pg_prepared_xacts WHERE database = current_database()`)
@@ -616,9 +612,6 @@ func (r *Runner) reset(ctx context.Context, spec Spec, sess []*session) error {
 		if _, err := r.monitor.Exec(ctx, "ROLLBACK PREPARED "+quote(g)); err != nil {
 			return fmt.Errorf("reset: %w", err)
 		}
-	}
-	if _, err := r.monitor.PgConn().Exec(ctx, r.t.Reset).ReadAll(); err != nil {
-		return fmt.Errorf("reset: %w", err)
 	}
 	return nil
 }
@@ -680,7 +673,7 @@ func (r *Runner) send(ctx context.Context, sess []*session, s *session, x ref, v
 		s.tx = fmt.Sprintf("%s%d", s.spec.Name, s.txn)
 		s.sps, s.grants = nil, nil
 	}
-	p := &pending{step: x, done: make(chan result, 1)}
+	p := &pending{step: x, done: make(chan result, 1), grant: st.Kind == Grant}
 	p.sql = r.fill(s, st, vars, sess)
 	s.next++
 	sctx, cancel := context.WithTimeout(ctx, r.t.StepTimeout)
@@ -755,10 +748,14 @@ func (r *Runner) await(ctx context.Context, spec Spec, sess []*session, s *sessi
 // milliseconds later and p has not returned meanwhile: a grant whose
 // blocker just ended sleeps once more before it returns.
 func (r *Runner) blocked(ctx context.Context, pid uint32, p *pending) (bool, error) {
+	q := `SELECT cardinality(pg_blocking_pids($1)) > 0, false`
+	if p.grant {
+		q = `SELECT cardinality(pg_blocking_pids($1)) > 0,
+			EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep')`
+	}
 	for try := 0; ; try++ {
 		var locked, sleeping bool
-		if err := r.monitor.QueryRow(ctx, `SELECT cardinality(pg_blocking_pids($1)) > 0,
-			EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep')`, int32(pid)).Scan(&locked, &sleeping); err != nil {
+		if err := r.monitor.QueryRow(ctx, q, int32(pid)).Scan(&locked, &sleeping); err != nil {
 			return false, fmt.Errorf("pg_blocking_pids: %w", err)
 		}
 		if locked || !sleeping {
@@ -934,37 +931,35 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 		tx  string
 	}
 	var rowsOut []row
-	rows, err := r.monitor.Query(ctx, r.t.Rows)
+	rs, err := r.monitor.PgConn().Exec(ctx, r.t.Rows+";\n"+r.t.Leases).ReadAll()
 	if err != nil {
 		return "", false, err
 	}
-	for rows.Next() {
-		var w row
-		if err := rows.Scan(&w.res, &w.tok, &w.tx); err != nil {
-			rows.Close()
-			return "", false, err
-		}
-		rowsOut = append(rowsOut, w)
+	if len(rs) != 2 {
+		return "", false, fmt.Errorf("Rows and Leases: %d results, want 2", len(rs))
 	}
-	if err := rows.Err(); err != nil {
-		return "", false, err
+	for _, x := range rs[0].Rows {
+		if len(x) != 3 {
+			return "", false, fmt.Errorf("Rows: %d columns, want (resource, token, tx)", len(x))
+		}
+		var tok int64 // a row without a token counts as older than every grant
+		if x[1] != nil {
+			if tok, err = strconv.ParseInt(string(x[1]), 10, 64); err != nil {
+				return "", false, fmt.Errorf("Rows: token %q: %w", x[1], err)
+			}
+		}
+		rowsOut = append(rowsOut, row{res: string(x[0]), tok: tok, tx: string(x[2])})
 	}
 	leases := map[string]int64{}
-	lrows, err := r.monitor.Query(ctx, r.t.Leases)
-	if err != nil {
-		return "", false, err
-	}
-	for lrows.Next() {
-		var res string
-		var tok int64
-		if err := lrows.Scan(&res, &tok); err != nil {
-			lrows.Close()
-			return "", false, err
+	for _, x := range rs[1].Rows {
+		if len(x) != 2 {
+			return "", false, fmt.Errorf("Leases: %d columns, want (resource, token)", len(x))
 		}
-		leases[res] = tok
-	}
-	if err := lrows.Err(); err != nil {
-		return "", false, err
+		tok, err := strconv.ParseInt(string(x[1]), 10, 64)
+		if err != nil {
+			return "", false, fmt.Errorf("Leases: token %q: %w", x[1], err)
+		}
+		leases[string(x[0])] = tok
 	}
 
 	var problems []string
@@ -1029,8 +1024,13 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 		fmt.Fprintf(&b, " (%s %d %s)", w.res, w.tok, w.tx)
 	}
 	b.WriteString("\n  leases:")
-	for res, tok := range leases {
-		fmt.Fprintf(&b, " (%s %d)", res, tok)
+	names := make([]string, 0, len(leases))
+	for res := range leases {
+		names = append(names, res)
+	}
+	sort.Strings(names)
+	for _, res := range names {
+		fmt.Fprintf(&b, " (%s %d)", res, leases[res])
 	}
 	b.WriteString("\n")
 	return b.String(), true, nil
