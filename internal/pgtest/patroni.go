@@ -73,7 +73,7 @@ type Patroni struct {
 	Version string
 	// Rewind reports whether use_pg_rewind is on (the bin directory has
 	// pg_rewind).
-	Rewind bool
+	Rewind  bool
 	dir     string
 	bin     string
 	ctl     string
@@ -729,4 +729,50 @@ func (n *PatroniNode) PatroniLog() string {
 // LogTail returns the last n lines of the node's PostgreSQL log.
 func (n *PatroniNode) LogTail(lines int) string {
 	return pgcluster.TailFile(filepath.Join(n.Dir, "postgresql.log"), n.Name+" postgresql log", lines)
+}
+
+// SetSynchronousMode switches Patroni's synchronous_mode in the DCS
+// (patronictl edit-config) and, when on, waits until a replica is
+// synchronous; WaitStreaming then requires one.
+func (c *Patroni) SetSynchronousMode(t testing.TB, on bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	out, err := c.Ctl(ctx, "edit-config", "--quiet", "--force", "--set", "synchronous_mode="+strconv.FormatBool(on), c.Scope)
+	if err != nil {
+		t.Fatalf("pgtest: patronictl edit-config: %v\n%s", err, out)
+	}
+	c.sync = on
+	if err := c.waitStreaming(ctx, len(c.Nodes)-1); err != nil {
+		t.Fatalf("pgtest: patroni after synchronous_mode=%v: %v", on, err)
+	}
+}
+
+// SynchronousMode reports whether synchronous_mode is on.
+func (c *Patroni) SynchronousMode() bool { return c.sync }
+
+// Replica returns a node that may take over from the leader: under
+// synchronous_mode the synchronous standby (the only one Patroni promotes),
+// else the first streaming replica that Patroni lists.
+func (c *Patroni) Replica(t testing.TB) *PatroniNode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	for {
+		members, err := c.Members(ctx)
+		if err == nil {
+			for _, m := range members {
+				if m.State == "running" && (m.Role == "sync_standby" || !c.sync && m.Role == "replica") {
+					if n := c.Node(m.Name); n != nil {
+						return n
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("pgtest: patroni: no replica to take over (%v, %+v)", err, members)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
