@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -236,6 +237,8 @@ func (c *Patroni) newNode(i int, bins pgcluster.Bins, opts PatroniOptions) (*Pat
 		ConfigFile: filepath.Join(ndir, "patroni.yml"),
 		c:          c,
 	}
+	// The dynamic configuration (bootstrap.dcs) holds what every node
+	// shares; the node's own directories go in its local section.
 	params := map[string]string{
 		"wal_level":         "replica",
 		"hot_standby":       "on",
@@ -245,7 +248,6 @@ func (c *Patroni) newNode(i int, bins pgcluster.Bins, opts PatroniOptions) (*Pat
 		"shared_buffers":    "32MB",
 		"fsync":             "on",
 		"logging_collector": "on",
-		"log_directory":     ndir,
 		"log_filename":      "postgresql.log",
 		"log_line_prefix":   "%m [%p] ",
 	}
@@ -307,6 +309,7 @@ postgresql:
       username: postgres
   parameters:
     unix_socket_directories: %[16]s
+    log_directory: %[16]s
   pg_hba:
     - local all all trust
     - host all all 127.0.0.1/32 trust
@@ -606,15 +609,36 @@ func (c *Patroni) waitStreaming(ctx context.Context, want int) error {
 			}
 		}
 		err = pgcluster.WaitReady(ctx, leader.URL("postgres"), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
-			var streaming, sync int
+			var streaming int
+			var sync []string
 			err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'streaming'),
-				count(*) FILTER (WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum'))
+				coalesce(array_agg(application_name) FILTER (WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')), '{}')
 				FROM pg_stat_replication WHERE application_name = ANY ($1)`, others).Scan(&streaming, &sync)
 			if err != nil {
 				return false, err
 			}
-			last = fmt.Errorf("%s: %d of %d replicas streaming, %d synchronous", leader.Name, streaming, want, sync)
-			return streaming >= want && (!c.sync || sync >= 1), nil
+			last = fmt.Errorf("%s: %d of %d replicas streaming, synchronous: %v", leader.Name, streaming, want, sync)
+			if streaming < want {
+				return false, nil
+			}
+			if !c.sync {
+				return true, nil
+			}
+			// Patroni writes its /sync key (which alone lets a replica be
+			// promoted in synchronous_mode) one loop after PostgreSQL
+			// reports the standby synchronous; a leader lost in between
+			// leaves no node allowed to take over. Wait for both.
+			members, err := c.Members(ctx)
+			if err != nil {
+				return false, nil
+			}
+			for _, m := range members {
+				if m.Role == "sync_standby" && slices.Contains(sync, m.Name) {
+					return true, nil
+				}
+			}
+			last = fmt.Errorf("%w; Patroni's members: %+v", last, members)
+			return false, nil
 		})
 		if err == nil {
 			return nil
