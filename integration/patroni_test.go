@@ -72,11 +72,24 @@ func (h *foHistory) write(w foWrite) {
 func (h *foHistory) fail(kind string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	msg := err.Error()
-	if len(msg) > 60 {
-		msg = msg[:60]
+	h.errs[kind+": "+errorClass(err)]++
+}
+
+// errorClass names what kind of failure err is, for the log's counts.
+func errorClass(err error) string {
+	switch {
+	case errors.Is(err, sqlfuncs.ErrStaleToken):
+		return "stale token refused"
+	case errors.Is(err, sqlfuncs.ErrUnknownToken):
+		return "unknown token refused"
+	case errors.Is(err, gofence.ErrLost):
+		return "lease lost"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timed out"
+	case isConnError(err):
+		return "connection lost"
 	}
-	h.errs[kind+": "+msg]++
+	return err.Error()
 }
 
 // grantsSnapshot returns the grants so far, by the time their token came
