@@ -207,7 +207,10 @@ type foFailover struct {
 // after another returned has the larger token), that no token was granted
 // twice, and guarantee 3 from the final tables (rows of a resource in the
 // order of the sequence value their transaction took under the guard
-// carry nondecreasing tokens, each one granted for that resource), and it
+// carry nondecreasing tokens, each one granted for that resource), that
+// each failover spent one epoch and no counter move (since 009; on 008
+// each moved the counter 2^32 too, and this fails there by design), and
+// that fence.token_budget still has every counter move at the end; it
 // measures how long no lease could be granted.
 func TestPatroniFailovers(t *testing.T) {
 	t.Parallel()
@@ -292,6 +295,10 @@ func TestPatroniFailovers(t *testing.T) {
 				mode, kind, f.from, f.to, f.unavailable.Round(10*time.Millisecond), f.ready.Sub(f.injected).Round(10*time.Millisecond),
 				f.epochBefore, f.epochAfter, f.counterMoves, map[bool]string{true: ", old primary " + f.rewound, false: ""}[f.rewound != ""])
 			checkGrants(t, h.grantsSnapshot())
+			// Since 009 a promotion spends an epoch and no counter move
+			// (on 008 each one moved the counter 2^32 too).
+			require.Equal(t, f.epochBefore+1, f.epochAfter, "%s, %s: one epoch", mode, kind)
+			require.Zero(t, f.counterMoves, "%s, %s: no counter move", mode, kind)
 		}
 	}
 	stop()
@@ -352,6 +359,10 @@ func TestPatroniFailovers(t *testing.T) {
 			failedPresent++ // the reply was lost; the commit was not
 		}
 	}
+	budget, err := sqlfuncs.TokenBudget(ctx, final)
+	require.NoError(t, err)
+	require.Equal(t, int64(2047), budget.CounterMovesLeft, "six failovers spent no counter move")
+	require.Equal(t, failovers[len(failovers)-1].epochAfter, budget.Epoch, "the budget's epoch is the last grants'")
 	pausedRefused := 0
 	for _, p := range paused {
 		if p.refused {
@@ -365,8 +376,8 @@ func TestPatroniFailovers(t *testing.T) {
 	for _, f := range failovers {
 		byKind = append(byKind, fmt.Sprintf("%s/%s %.1fs (epoch +%d, %d counter moves)", f.mode, f.kind, f.unavailable.Seconds(), f.epochAfter-f.epochBefore, f.counterMoves))
 	}
-	t.Logf("NOTE: Patroni failovers (%s): %d failovers, %d grants, %d guarded rows, %d violations, %d committed writes lost; no grant for: %s",
-		c.Version, len(failovers), len(grants), len(rows), violations, lostWrites, strings.Join(byKind, "; "))
+	t.Logf("NOTE: Patroni failovers (%s): %d failovers, %d grants, %d guarded rows, %d violations, %d committed writes lost, token budget after: epoch %d, %d counter moves left; no grant for: %s",
+		c.Version, len(failovers), len(grants), len(rows), violations, lostWrites, budget.Epoch, budget.CounterMovesLeft, strings.Join(byKind, "; "))
 	require.Zero(t, lostSync, "under synchronous_mode no commit a client saw is lost")
 }
 

@@ -281,6 +281,7 @@ bootstrap:
     loop_wait: %[6]d
     retry_timeout: %[7]d
     maximum_lag_on_failover: %[8]d
+    check_timeline: true
     synchronous_mode: %[9]v
     postgresql:
       use_pg_rewind: %[10]v
