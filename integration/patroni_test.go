@@ -197,8 +197,9 @@ type foFailover struct {
 // TestPatroniFailovers runs four gofence workers, on the multi-host URL,
 // through Patroni's failovers, first with asynchronous replication, then
 // with synchronous_mode: a planned switchover (patronictl), the primary's
-// postmaster killed (Patroni restarts or replaces it), and the whole
-// primary node killed (Patroni and PostgreSQL, SIGKILL: the leader key
+// postmaster killed (Patroni restarts or replaces it), the primary's
+// Patroni stopped as a service (SIGTERM: it stops PostgreSQL and hands the
+// leader key over), and the whole primary node killed (Patroni and PostgreSQL, SIGKILL: the leader key
 // expires, a replica is promoted), the old primary then started again and
 // rewound (use_pg_rewind) to rejoin as a replica. Across each failover a
 // holder is paused: it took a lease before the fault, and writes under its
@@ -255,7 +256,7 @@ func TestPatroniFailovers(t *testing.T) {
 			c.SetSynchronousMode(t, true)
 			syncSince = time.Now()
 		}
-		for _, kind := range []string{"switchover", "postmaster killed", "node killed"} {
+		for _, kind := range []string{"switchover", "postmaster killed", "patroni stopped", "node killed"} {
 			waitGrants(t, ctx, h, 5)
 			leader := c.WaitLeader(t, "")
 			ph := pauseHolder(t, ctx, url, len(failovers))
@@ -271,6 +272,9 @@ func TestPatroniFailovers(t *testing.T) {
 			case "postmaster killed":
 				leader.KillPostmaster(t)
 				next = c.WaitLeader(t, "")
+			case "patroni stopped":
+				leader.Stop(t)
+				next = c.WaitLeader(t, leader.Name)
 			case "node killed":
 				leader.Kill(t)
 				next = c.WaitLeader(t, leader.Name)
@@ -278,11 +282,11 @@ func TestPatroniFailovers(t *testing.T) {
 			f.ready, f.to = time.Now(), next.Name
 			waitGrants(t, ctx, h, len(before)+5)
 			logBefore := len(leader.PatroniLog())
-			if kind == "node killed" {
+			if kind == "node killed" || kind == "patroni stopped" {
 				leader.Start(t)
 			}
 			c.WaitStreaming(t, len(c.Nodes)-1)
-			if kind == "node killed" {
+			if kind == "node killed" || kind == "patroni stopped" {
 				f.rewound = rewindOutcome(leader.PatroniLog()[logBefore:])
 			}
 			after := h.grantsSnapshot()
@@ -361,7 +365,7 @@ func TestPatroniFailovers(t *testing.T) {
 	}
 	budget, err := sqlfuncs.TokenBudget(ctx, final)
 	require.NoError(t, err)
-	require.Equal(t, int64(2047), budget.CounterMovesLeft, "six failovers spent no counter move")
+	require.Equal(t, int64(2047), budget.CounterMovesLeft, "the failovers spent no counter move")
 	require.Equal(t, failovers[len(failovers)-1].epochAfter, budget.Epoch, "the budget's epoch is the last grants'")
 	pausedRefused := 0
 	for _, p := range paused {

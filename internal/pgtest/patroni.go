@@ -716,7 +716,19 @@ func (n *PatroniNode) Kill(t testing.TB) {
 	}
 }
 
-// Start starts the node's Patroni again after Kill; it rejoins the cluster
+// Stop stops the node's Patroni as a service manager would (SIGTERM):
+// Patroni shuts its PostgreSQL down (fast mode) and, when it leads, gives
+// up the leader key, so that a replica takes over without waiting for the
+// key to expire. Start brings the node back.
+func (n *PatroniNode) Stop(t testing.TB) {
+	t.Helper()
+	if n.d == nil || !n.d.running() {
+		t.Fatalf("pgtest: %s: patroni does not run", n.Name)
+	}
+	n.stop()
+}
+
+// Start starts the node's Patroni again after Kill or Stop; it rejoins the cluster
 // on its own (rewound with pg_rewind when its timeline diverged).
 func (n *PatroniNode) Start(t testing.TB) {
 	t.Helper()
