@@ -57,7 +57,8 @@ CREATE TABLE fence.lease (
     ended_at timestamp with time zone,
     session_pid integer,
     waiters boolean DEFAULT false NOT NULL,
-    CONSTRAINT lease_pkey PRIMARY KEY (resource)
+    CONSTRAINT lease_pkey PRIMARY KEY (resource),
+    CONSTRAINT lease_token_key UNIQUE (token)
 ) WITH (fillfactor=80);
 COMMENT ON TABLE fence.lease IS 'pgfence internal: one row per resource with its latest token; read fence.leases instead';
 
@@ -69,6 +70,14 @@ CREATE TABLE fence.origin (
     backup_label text
 );
 COMMENT ON TABLE fence.origin IS 'pgfence internal: the database and cluster the kit was installed in';
+
+CREATE TABLE fence.refusal_marks (
+    code text COLLATE "C" NOT NULL
+);
+CREATE INDEX refusal_marks_fn001 ON fence.refusal_marks USING btree (code) WHERE (code = 'FN001'::text);
+CREATE INDEX refusal_marks_fn002 ON fence.refusal_marks USING btree (code) WHERE (code = 'FN002'::text);
+CREATE INDEX refusal_marks_fn003 ON fence.refusal_marks USING btree (code) WHERE (code = 'FN003'::text);
+COMMENT ON TABLE fence.refusal_marks IS 'pgfence internal: always empty; fence._refuse scans its indexes to count refusals in read-only transactions (read fence.refusals)';
 
 -- -------------------------------------------------------------------------
 -- Sequences
@@ -375,6 +384,30 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._drop_unused_guards(keep text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname FROM pg_proc p
+              WHERE p.pronamespace = 'fence'::regnamespace
+                AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' AND p.proname <> keep
+                AND p.pronargs = 0
+                AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid)
+              ORDER BY p.proname
+    LOOP
+        IF pg_try_advisory_xact_lock(fence._gate_key('guard function ' || f.proname))
+           AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = f.oid) THEN
+            EXECUTE format('DROP FUNCTION IF EXISTS fence.%I()', f.proname);
+        END IF;
+    END LOOP;
+END
+$function$;
+COMMENT ON FUNCTION fence._drop_unused_guards(text) IS 'pgfence internal: drops the generated guard functions no trigger uses (but keep), under their creation locks';
+
 CREATE OR REPLACE FUNCTION fence._durable()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -650,6 +683,7 @@ BEGIN
     PERFORM fence._columns_of(tbl, ARRAY[col]);
     -- concurrent first protects of one column name: one creates, the other waits
     PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
+    PERFORM fence._drop_unused_guards(fname);
     fn := to_regprocedure(format('fence.%I()', fname));
     EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._guard_source(col));
     IF fn IS NULL THEN
@@ -1100,12 +1134,20 @@ CREATE OR REPLACE FUNCTION fence._refuse(code text, message text, detail text, h
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
 AS $function$
 BEGIN
     IF current_setting('transaction_read_only') = 'off' THEN
         PERFORM nextval(CASE code WHEN 'FN001' THEN 'fence.refusals_fn001'::regclass
                                   WHEN 'FN002' THEN 'fence.refusals_fn002'::regclass
                                   WHEN 'FN003' THEN 'fence.refusals_fn003'::regclass END);
+    ELSIF code = 'FN001' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN001';
+    ELSIF code = 'FN002' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN002';
+    ELSIF code = 'FN003' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN003';
     END IF;
     RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail, HINT = hint;
 END
@@ -1176,6 +1218,7 @@ BEGIN
     PERFORM fence._guard_maker(tbl);
     PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
     PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
+    PERFORM fence._drop_unused_guards(fname);
     fn := to_regprocedure(format('fence.%I()', fname));
     EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._rows_source(rcol, tcol));
     IF fn IS NULL THEN
@@ -2027,7 +2070,7 @@ CREATE VIEW fence.refusals AS
         CASE
             WHEN s.is_called THEN s.last_value
             ELSE 0::bigint
-        END AS count
+        END + pg_stat_get_numscans('fence.refusal_marks_fn001'::regclass::oid) AS count
    FROM fence.refusals_fn001 s
 UNION ALL
  SELECT 'FN002'::text AS sqlstate,
@@ -2035,7 +2078,7 @@ UNION ALL
         CASE
             WHEN s.is_called THEN s.last_value
             ELSE 0::bigint
-        END AS count
+        END + pg_stat_get_numscans('fence.refusal_marks_fn002'::regclass::oid) AS count
    FROM fence.refusals_fn002 s
 UNION ALL
  SELECT 'FN003'::text AS sqlstate,
@@ -2043,7 +2086,7 @@ UNION ALL
         CASE
             WHEN s.is_called THEN s.last_value
             ELSE 0::bigint
-        END AS count
+        END + pg_stat_get_numscans('fence.refusal_marks_fn003'::regclass::oid) AS count
    FROM fence.refusals_fn003 s;
 COMMENT ON VIEW fence.refusals IS 'refused tokens counted by SQLSTATE (FN001 stale, FN002 none, FN003 never granted) in this database since the install';
 

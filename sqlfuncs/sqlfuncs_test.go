@@ -383,5 +383,6 @@ func TestEveryConstraintHasAMigrationsName(t *testing.T) {
 		"fence.lease lease_durable",
 		"fence.lease lease_durable_update",
 		"fence.lease lease_pkey",
+		"fence.lease lease_token_key",
 	}, names)
 }
