@@ -238,6 +238,27 @@ $$;
 DROP FUNCTION fence._drop_unused_guards(text);
 
 -- ---------------------------------------------------------------------------
+-- 6. The grant made leaner
+-- ---------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION fence.acquire(resource text, holder text, ttl interval, waiting boolean DEFAULT false) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    secs double precision := pg_catalog.date_part('epoch', ttl);
+BEGIN
+    IF fence._name_ok(resource) AND fence._name_ok(holder) AND fence._ttl_ok(secs) THEN
+        RETURN fence._grant(resource, holder, 'ttl', pg_catalog.make_interval(secs => secs), false, coalesce(waiting, false));
+    END IF;
+    PERFORM fence._check_name('resource', resource);
+    PERFORM fence._check_name('holder', holder);
+    RETURN fence._grant(resource, holder, 'ttl', fence._check_ttl(ttl), false, coalesce(waiting, false));
+END
+$$;
+
+-- ---------------------------------------------------------------------------
 -- 9. Version
 -- ---------------------------------------------------------------------------
 

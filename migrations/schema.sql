@@ -1552,9 +1552,50 @@ CREATE OR REPLACE FUNCTION fence.acquire(resource text, holder text, ttl interva
 AS $function$
 #variable_conflict use_variable
 DECLARE
-    secs double precision := pg_catalog.date_part('epoch', ttl);
+    secs    double precision := pg_catalog.date_part('epoch', ttl);
+    r       record;
+    gate    boolean;
+    now     timestamptz;
+    t       bigint;
+    durable text;  -- assigned, not PERFORMed: see fence._force_durable
 BEGIN
     IF fence._name_ok(resource) AND fence._name_ok(holder) AND fence._ttl_ok(secs) THEN
+        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters INTO r
+          FROM fence.epoch_cache c JOIN fence.lease x ON x.resource = resource;
+        IF r.live AND (NOT coalesce(waiting, false) OR r.waiters) THEN
+            RETURN NULL;  -- live: busy at once, without a lock, as in fence._grant
+        END IF;
+        IF r.epoch IS NOT NULL AND NOT r.live THEN
+            durable := fence._force_durable();
+            BEGIN  -- a subtransaction of its own, as every gate
+                gate := pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(resource));
+            EXCEPTION WHEN OTHERS THEN
+                RAISE;
+            END;
+            IF gate THEN
+                now := pg_catalog.clock_timestamp();
+                -- nextval only for the row it is written to (no counter
+                -- value spent on a fall-back); the next value is above the
+                -- last one, so the WHERE's bound is the written token's.
+                UPDATE fence.lease x
+                   SET token = (r.epoch << 43) | pg_catalog.nextval('fence.token_counter'), holder = holder, kind = 'ttl',
+                       acquired_at = now, expires_at = now + pg_catalog.make_interval(secs => secs), ended_at = NULL,
+                       session_pid = NULL, waiters = false
+                 WHERE x.resource = (SELECT y.resource FROM fence.lease y WHERE y.resource = resource FOR UPDATE SKIP LOCKED)
+                   AND x.token < ((r.epoch << 43) | (pg_catalog.pg_sequence_last_value('fence.token_counter') + 1))
+                   AND NOT fence._live(x, now)
+                RETURNING x.token INTO t;
+                IF t >> 43 = r.epoch THEN
+                    RETURN t;
+                ELSIF t IS NOT NULL THEN
+                    -- the counter ran past 2^43 - 1 into the epoch's bits:
+                    -- refused as fence._next_token refuses it (the update
+                    -- goes with the error)
+                    RAISE EXCEPTION 'pgfence: the token counter is exhausted in epoch %', r.epoch
+                        USING ERRCODE = '54000', HINT = 'the token layout allows 2^43 - 1 grants per epoch across all resources; see docs/design.md';
+                END IF;
+            END IF;
+        END IF;
         RETURN fence._grant(resource, holder, 'ttl', pg_catalog.make_interval(secs => secs), false, coalesce(waiting, false));
     END IF;
     PERFORM fence._check_name('resource', resource);
