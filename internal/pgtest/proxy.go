@@ -25,7 +25,7 @@ type Proxy struct {
 	cond    *sync.Cond
 	frozen  bool
 	conns   map[net.Conn]struct{}
-	links   map[*link]struct{}         // open client-server pairs, for FreezeOpen
+	links   map[*link]struct{} // open client-server pairs, for FreezeOpen
 	closed  bool
 	opened  int                        // connections accepted and forwarded so far
 	delay   [2]time.Duration           // per Direction
