@@ -2,7 +2,10 @@ package gofence_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,4 +180,85 @@ func TestSessionReleaseOverASilentSessionSaysSo(t *testing.T) {
 	poll(t, "the server ended the session", func() bool { return !b.serverLive(t, "job") })
 	require.NoError(t, l.Release(b.ctx))
 	_ = l2
+}
+
+// logLines is a slog handler's output, safe for concurrent use.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *logLines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *logLines) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// Close with ReleaseOnClose ends a leader's term as a step-down: the
+// LeadershipEvent's Err is nil, nothing is logged as a loss, and Elect
+// returns ErrClosed. (The term was reported lost, "lease released", and
+// logged at WARN as "leadership lost, campaigning again".)
+func TestElectStepsDownOnClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := &recorder{}
+	var logs logLines
+	c, err := gofence.New(b.db.Pool, &gofence.Config{ReleaseOnClose: true, Observer: r,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	require.NoError(t, err)
+	leading := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Elect(b.ctx, "leader", nil, func(ctx context.Context, _ *gofence.Lease) error {
+			close(leading)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-leading
+	require.NoError(t, c.Close(b.ctx))
+	require.ErrorIs(t, <-done, gofence.ErrClosed)
+	events := eventsOf[*gofence.LeadershipEvent](r)
+	require.Len(t, events, 2)
+	require.False(t, events[1].Leading)
+	require.NoError(t, events[1].Err, "a step-down, not a loss")
+	require.NotContains(t, logs.String(), "leadership lost")
+	require.NotContains(t, logs.String(), "level=WARN")
+	require.False(t, b.serverLive(t, "leader"))
+}
+
+// A write inside Lease.Tx refused with FN001 (a newer grant exists) ends
+// the lease at once: Done is closed and Err matches ErrLost when Tx
+// returns, with a loss reason "refused". (The lease stayed held until its
+// next renewal.)
+func TestStaleRefusalInsideTxEndsTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, r := b.observed(t, gofence.Config{})
+	l, err := c.Acquire(b.ctx, "job", nil)
+	require.NoError(t, err)
+	other, err := c.Acquire(b.ctx, "other", nil)
+	require.NoError(t, err)
+	_, err = sqlfuncs.Revoke(b.ctx, b.db.Pool, "job")
+	require.NoError(t, err)
+	err = write(b.ctx, l, b.db.Pool, "A")
+	require.ErrorIs(t, err, gofence.ErrStaleToken)
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("the refused lease is still held")
+	}
+	require.ErrorIs(t, l.Err(), gofence.ErrLost)
+	losses := eventsOf[*gofence.LossEvent](r)
+	require.Len(t, losses, 1)
+	require.Equal(t, gofence.LossRefused, losses[0].Reason)
+	require.NoError(t, other.Err(), "a lease the refusal does not name is not touched")
+	require.NoError(t, other.Release(b.ctx))
+	require.NoError(t, l.Release(b.ctx))
 }

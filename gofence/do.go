@@ -39,7 +39,11 @@ func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error)
 	released := false
 	release := func() {
 		stop()
-		lost = l.Err() // before Release turns it into ErrReleased
+		// Before Release turns it into ErrReleased; a lease that Close
+		// released (ReleaseOnClose) is a step-down, not a loss.
+		if err := l.Err(); errors.Is(err, ErrLost) {
+			lost = err
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.t.ttl)
 		defer cancel()
 		if rerr := l.Release(rctx); rerr != nil {
@@ -113,6 +117,13 @@ func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn 
 		switch {
 		case ctx.Err() != nil:
 			return context.Cause(ctx)
+		case lost == nil && l.closedByClient.Load():
+			// Close ended the term (ReleaseOnClose released the lease): a
+			// step-down, and a closed client campaigns no more.
+			if err != nil {
+				return fmt.Errorf("%w (%w)", ErrClosed, err)
+			}
+			return ErrClosed
 		case lost != nil:
 			c.log.Warn("pgfence: leadership lost, campaigning again", "name", name, "term", l.Token())
 			continue

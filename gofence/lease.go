@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +47,10 @@ type Lease struct {
 	// allows.
 	releasing chan struct{}
 	released  bool // the server confirmed the release (or the session is gone); guarded by releasing
+
+	// closedByClient: Client.Close ended the lease (released it, or
+	// stopped renewing it), not its holder.
+	closedByClient atomic.Bool
 }
 
 // Acquire takes a lease on resource, as opts says (nil: a TTL lease under
@@ -610,6 +615,9 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 	case <-ctx.Done():
 	}
 	if cause := fmt.Errorf("%w: %s", ErrReleased, l.resource); l.ctx.Err() == nil {
+		if reason == LossClientClosed {
+			l.closedByClient.Store(true)
+		}
 		l.cancel(cause)
 		if context.Cause(l.ctx) == cause { // not lost meanwhile
 			l.ended(ctx, reason)
@@ -665,6 +673,39 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 			return fmt.Errorf("pgfence: releasing %s (it ends on its own at expiry): %w", l.resource, errors.Join(err, ctx.Err()))
 		case <-time.After(l.t.retry):
 		}
+	}
+}
+
+// stopAtClose ends a lease that Client.Close does not release: its
+// keepalive stops (Close waits for it as long as ctx allows), and the lease
+// is lost here with reason client_closed. A TTL lease stays live on the
+// server until its expiry (so a program can hand its token to another
+// process); a session lease's session is closed, which ends it there.
+func (l *Lease) stopAtClose(ctx context.Context) {
+	l.mu.Lock()
+	if l.lossTimer != nil {
+		l.lossTimer.Stop()
+	}
+	l.mu.Unlock()
+	l.renewCancel()
+	select {
+	case <-l.keepaliveDone:
+	case <-ctx.Done():
+	}
+	l.closedByClient.Store(true)
+	if l.session == nil {
+		l.lose(LossClientClosed, "the client was closed: the lease is no longer renewed, and stays live on the server until its expiry (release it before Close, or set Config.ReleaseOnClose, to end it there)", nil)
+		return
+	}
+	l.lose(LossClientClosed, "the client was closed: the session holding the lease is closed, which ends it on the server", nil)
+	select { // a Release of the caller may be using the session
+	case l.releasing <- struct{}{}:
+		if !l.released {
+			closeConn(l.session)
+			l.released = true
+		}
+		<-l.releasing
+	case <-ctx.Done():
 	}
 }
 
