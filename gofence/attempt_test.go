@@ -257,7 +257,7 @@ func TestStaleRefusalInsideTxEndsTheLease(t *testing.T) {
 	require.ErrorIs(t, l.Err(), gofence.ErrLost)
 	losses := eventsOf[*gofence.LossEvent](r)
 	require.Len(t, losses, 1)
-	require.Equal(t, gofence.LossRefused, losses[0].Reason)
+	require.Equal(t, gofence.LossReason("refused"), losses[0].Reason)
 	require.NoError(t, other.Err(), "a lease the refusal does not name is not touched")
 	require.NoError(t, other.Release(b.ctx))
 	require.NoError(t, l.Release(b.ctx))
