@@ -23,14 +23,28 @@ func (t leaseTimings) attemptBound(left time.Duration) time.Duration {
 	return max(0, min(left, max(4*t.retry, left/3)))
 }
 
-// grantBound is the bound of one grant request: attemptBound of the lease's
-// whole trust window (TTL - SafetyMargin: a reply later than that is given
-// back anyway), plus the default fence.grant_wait, for a grant that the
-// server holds while a previous holder's guarded transaction ends.
-func (t leaseTimings) grantBound() time.Duration {
-	w := t.ttl - t.margin
-	return min(w, t.attemptBound(w)+defaultGrantWait)
+// callBound is the bound of one attempt that races no trust deadline: a
+// grant request (a reply that comes after the lease's trust deadline is
+// still of use: it names the token to give back), the read of the holder
+// after a grant answered NULL, a release. It is attemptBound of the
+// lease's whole trust window (TTL - SafetyMargin), plus the default
+// fence.grant_wait, for a grant that the server holds while a previous
+// holder's guarded transaction ends.
+func (t leaseTimings) callBound() time.Duration {
+	return t.attemptBound(t.ttl-t.margin) + defaultGrantWait
 }
+
+// sessionCheckBound bounds the check of a session lease's connection: half
+// of RenewInterval (the checks are that far apart, so that a session that
+// ended is noticed within RenewInterval), but at least minSessionCheck, so
+// that a short RenewInterval on a loaded machine does not end a healthy
+// session lease.
+func (t leaseTimings) sessionCheckBound() time.Duration {
+	return max(t.renew/2, minSessionCheck)
+}
+
+// minSessionCheck is the shortest bound of a session lease's check.
+const minSessionCheck = 250 * time.Millisecond
 
 // attempt derives the context of one attempt from ctx: it ends when ctx
 // does, or after bound. pgx closes a connection whose call was cut off by

@@ -115,7 +115,7 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t l
 	if waiting {
 		grant = sqlfuncs.AcquireWaiting
 	}
-	r, err := c.grant(ctx, k, resource, t.grantBound(), func(ctx context.Context, db sqlfuncs.DB) (int64, bool, error) {
+	r, err := c.grant(ctx, k, resource, t.callBound(), func(ctx context.Context, db sqlfuncs.DB) (int64, bool, error) {
 		return grant(ctx, db, resource, t.holder, t.ttl)
 	})
 	if err != nil || !r.ok {
@@ -208,7 +208,7 @@ func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t lea
 // lease ended between the grant and the read: the resource is busy, not
 // held. The read is one attempt, bounded as a grant is.
 func (c *Client) heldError(ctx context.Context, resource string, t leaseTimings) error {
-	actx, cancel := attempt(ctx, t.attemptBound(t.ttl-t.margin))
+	actx, cancel := attempt(ctx, t.callBound())
 	defer cancel()
 	row, ok, err := sqlfuncs.GetLease(actx, c.pool, resource)
 	if err = cutOff(ctx, actx, err); err != nil {
@@ -510,10 +510,11 @@ func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.
 
 // checkSession pings the dedicated connection of a session lease; a broken
 // connection means the server has ended (or will end) the lease, and one
-// that does not answer within RenewInterval/2 cannot prove that it still
-// holds it: the lease is lost either way (fail closed).
+// that does not answer within sessionCheckBound (RenewInterval/2, at least
+// 250ms) cannot prove that it still holds it: the lease is lost either way
+// (fail closed).
 func (l *Lease) checkSession() {
-	ctx, cancel := attempt(l.ctx, l.t.renew/2)
+	ctx, cancel := attempt(l.ctx, l.t.sessionCheckBound())
 	defer cancel()
 	if err := l.session.Ping(ctx); err != nil && l.ctx.Err() == nil {
 		l.lose(LossSessionEnded, "the session holding the lease failed", err)
@@ -525,7 +526,10 @@ func (l *Lease) checkSession() {
 // returns an error matching ErrLost once the lease is lost, and ErrReleased
 // after Release. It never waits past the trust deadline: a renewal held up
 // until then loses the lease, unless another renewal moved the deadline
-// meanwhile, in which case it is sent again under the new one.
+// meanwhile, in which case it is sent again under the new one. Each
+// attempt is bounded (a third of the time left, at least four
+// RetryIntervals): one cut off is sent again on another connection after
+// RetryInterval.
 func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
@@ -533,15 +537,29 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.session != nil {
 		return nil // a session lease has nothing to renew
 	}
-	deadline, start := l.TrustDeadline(), time.Now()
-	_, err := l.renewOnce(ctx)
-	switch {
-	case err == nil:
-		l.renewed(RenewOK, deadline, start, nil)
-	case errors.Is(l.Err(), ErrLost):
-		l.renewed(RenewLost, deadline, start, err)
-	case ctx.Err() == nil && l.Err() == nil: // not the caller's giving up, nor a Release
-		l.renewed(RenewRetry, deadline, start, err)
+	var err error
+	for {
+		deadline, start := l.TrustDeadline(), time.Now()
+		_, err = l.renewOnce(ctx)
+		switch {
+		case err == nil:
+			l.renewed(RenewOK, deadline, start, nil)
+		case errors.Is(l.Err(), ErrLost):
+			l.renewed(RenewLost, deadline, start, err)
+		case ctx.Err() == nil && l.Err() == nil: // not the caller's giving up, nor a Release
+			l.renewed(RenewRetry, deadline, start, err)
+		}
+		var cut errNoAnswer
+		if err == nil || !errors.As(err, &cut) || ctx.Err() != nil || l.Err() != nil {
+			break
+		}
+		// Cut off by its bound (a silent connection): sent again, on
+		// another connection, until the trust deadline.
+		select {
+		case <-ctx.Done():
+		case <-l.ctx.Done():
+		case <-time.After(l.t.retry):
+		}
 	}
 	if err != nil && l.Err() != nil {
 		return l.Err()
@@ -642,7 +660,7 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 	if l.session != nil {
 		db = l.session
 	}
-	bound := l.t.attemptBound(l.t.ttl - l.t.margin)
+	bound := l.t.callBound()
 	for {
 		var err error
 		if l.session == nil || !l.session.IsClosed() {
