@@ -42,7 +42,10 @@ type Config struct {
 	SafetyMargin time.Duration
 
 	// RetryInterval is the pause between attempts of a renewal or release
-	// that failed with a transient error. Default min(1s, RenewInterval/4).
+	// that failed with a transient error. Four of them are also the
+	// shortest bound of one attempt (see the package doc: an attempt on a
+	// connection gone silent is cut off, and the next one takes another
+	// connection). Default min(1s, RenewInterval/4).
 	RetryInterval time.Duration
 
 	// PollInterval is how often a waiting Acquire (LeaseOptions.Wait) asks
