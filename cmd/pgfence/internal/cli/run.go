@@ -194,7 +194,7 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	// delay or replace the watchdog's SIGKILL.
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	var termAt time.Time
+	var termAt, termDeadline time.Time // the SIGTERM, and the trust deadline then
 	killed, forwarded, interrupts := false, false, 0
 	ctxDone := ctx.Done()
 	var ctxSettled <-chan time.Time
@@ -240,7 +240,7 @@ loop:
 					resource, deadlineLeft(left), argv[0])
 			}
 			if termAt.IsZero() && (lost || left < grace) {
-				termAt = time.Now()
+				termAt, termDeadline = time.Now(), lease.TrustDeadline()
 				what := lossReason(lease, resource, left)
 				if left < grace/4 {
 					// Too late for SIGTERM to be of use: a SIGTERM and a
@@ -292,7 +292,7 @@ loop:
 		return fmt.Errorf("waiting for %s: %w", argv[0], waitErr)
 	}
 
-	if !termAt.IsZero() && lease.Err() == nil {
+	if !termAt.IsZero() && lease.Err() == nil && lease.TrustDeadline().After(termDeadline) {
 		// Stopped because no renewal came in time, and one did since: the
 		// lease was never lost. Release it, and report the command's end.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
