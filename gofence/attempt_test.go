@@ -2,6 +2,7 @@ package gofence_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -200,37 +201,43 @@ func (w *logLines) String() string {
 	return w.b.String()
 }
 
-// Close with ReleaseOnClose ends a leader's term as a step-down: the
-// LeadershipEvent's Err is nil, nothing is logged as a loss, and Elect
-// returns ErrClosed. (The term was reported lost, "lease released", and
-// logged at WARN as "leadership lost, campaigning again".)
+// Close ends a leader's term as a step-down: the LeadershipEvent's Err is
+// nil, nothing is logged as a loss, Elect returns ErrClosed, and the lease
+// is released (by Close with ReleaseOnClose, else by Elect when fn returns). (With ReleaseOnClose the term was reported lost,
+// "lease released", and logged at WARN as "leadership lost, campaigning
+// again"; without it the lease kept renewing after Close.)
 func TestElectStepsDownOnClose(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	r := &recorder{}
-	var logs logLines
-	c, err := gofence.New(b.db.Pool, &gofence.Config{ReleaseOnClose: true, Observer: r,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	require.NoError(t, err)
-	leading := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- c.Elect(b.ctx, "leader", nil, func(ctx context.Context, _ *gofence.Lease) error {
-			close(leading)
-			<-ctx.Done()
-			return ctx.Err()
+	for _, release := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ReleaseOnClose %v", release), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			r := &recorder{}
+			var logs logLines
+			c, err := gofence.New(b.db.Pool, &gofence.Config{ReleaseOnClose: release, Observer: r,
+				Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+			require.NoError(t, err)
+			leading := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				done <- c.Elect(b.ctx, "leader", nil, func(ctx context.Context, _ *gofence.Lease) error {
+					close(leading)
+					<-ctx.Done()
+					return nil
+				})
+			}()
+			<-leading
+			require.NoError(t, c.Close(b.ctx))
+			require.ErrorIs(t, <-done, gofence.ErrClosed)
+			events := eventsOf[*gofence.LeadershipEvent](r)
+			require.Len(t, events, 2)
+			require.False(t, events[1].Leading)
+			require.NoError(t, events[1].Err, "a step-down, not a loss")
+			require.NotContains(t, logs.String(), "leadership lost")
+			require.NotContains(t, logs.String(), "campaign")
+			require.False(t, b.serverLive(t, "leader"), "Elect releases when fn returns")
 		})
-	}()
-	<-leading
-	require.NoError(t, c.Close(b.ctx))
-	require.ErrorIs(t, <-done, gofence.ErrClosed)
-	events := eventsOf[*gofence.LeadershipEvent](r)
-	require.Len(t, events, 2)
-	require.False(t, events[1].Leading)
-	require.NoError(t, events[1].Err, "a step-down, not a loss")
-	require.NotContains(t, logs.String(), "leadership lost")
-	require.NotContains(t, logs.String(), "level=WARN")
-	require.False(t, b.serverLive(t, "leader"))
+	}
 }
 
 // A write inside Lease.Tx refused with FN001 (a newer grant exists) ends

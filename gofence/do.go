@@ -79,7 +79,10 @@ func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error)
 // back when it comes. When fn returns on its own (nil or an error), Elect
 // steps down and returns fn's result. A campaign that fails (a grant that
 // came back after its trust deadline, which is given back without running
-// fn, or an error of the database) is tried again after PollInterval. The
+// fn, or an error of the database) is tried again after PollInterval. When
+// Client.Close ends the term (it releases the lease with ReleaseOnClose, or
+// else stops renewing it), Elect steps down (the LeadershipEvent's Err is
+// nil) and returns ErrClosed, joined with fn's error if any. The
 // lease's token is the leader's term: terms strictly increase.
 func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn func(ctx context.Context, lease *Lease) error) error {
 	var o LeaseOptions
@@ -112,14 +115,20 @@ func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn 
 		term := time.Now()
 		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Leading: true, Since: campaign, Duration: term.Sub(campaign)})
 		lost, err := l.run(ctx, fn)
-		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Since: term, Duration: time.Since(term), Err: lost})
+		// Close ended the term (released the lease with ReleaseOnClose, or
+		// stopped renewing it): a step-down, not a loss, and a closed client
+		// campaigns no more.
+		closed := l.closedByClient.Load()
+		ended := lost
+		if closed {
+			ended = nil
+		}
+		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Since: term, Duration: time.Since(term), Err: ended})
 		campaign = time.Now()
 		switch {
 		case ctx.Err() != nil:
 			return context.Cause(ctx)
-		case lost == nil && l.closedByClient.Load():
-			// Close ended the term (ReleaseOnClose released the lease): a
-			// step-down, and a closed client campaigns no more.
+		case closed:
 			if err != nil {
 				return fmt.Errorf("%w (%w)", ErrClosed, err)
 			}

@@ -710,7 +710,9 @@ func (l *Lease) stopAtClose(ctx context.Context) {
 	case <-l.keepaliveDone:
 	case <-ctx.Done():
 	}
-	l.closedByClient.Store(true)
+	if l.ctx.Err() == nil {
+		l.closedByClient.Store(true)
+	}
 	if l.session == nil {
 		l.lose(LossClientClosed, "the client was closed: the lease is no longer renewed, and stays live on the server until its expiry (release it before Close, or set Config.ReleaseOnClose, to end it there)", nil)
 		return
