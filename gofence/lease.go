@@ -718,6 +718,11 @@ func (l *Lease) stopAtClose(ctx context.Context) {
 		return
 	}
 	l.lose(LossClientClosed, "the client was closed: the session holding the lease is closed, which ends it on the server", nil)
+	select {
+	case <-l.keepaliveDone:
+	default:
+		return // its check still runs (ctx ended first): it closes the session when it fails
+	}
 	select { // a Release of the caller may be using the session
 	case l.releasing <- struct{}{}:
 		if !l.released {
