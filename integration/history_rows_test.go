@@ -166,9 +166,9 @@ type rowTx struct {
 	// columnOnly: every statement is a large update that presents its
 	// tokens in the token column only (worker.columnOnly).
 	columnOnly bool
-	tx   pgx.Tx
-	txid int64
-	ls   []lease
+	tx         pgx.Tx
+	txid       int64
+	ls         []lease
 	// presented is the token the transaction presented per resource index:
 	// registered with fence.use_token, or assigned to the token column of a
 	// row it wrote; registered says which were registered.
