@@ -141,11 +141,19 @@ func (b *bundle) work(t *testing.T, workers *river.Workers, maxWorkers int) *riv
 	return client
 }
 
-// maintain runs River's maintenance once: a client of the same workers, on a
+// maintain runs River's maintenance: a client of the same workers, on a
 // queue that holds no jobs, that leads; starting it runs the rescuer and the
-// scheduler at once (River's rescuer runs every 30s otherwise). It returns
-// when the client has stopped.
+// scheduler at once (River's rescuer runs every 30s otherwise). It stops the
+// client once until says so, and fails the test when that takes over 15s.
 func (b *bundle) maintain(t *testing.T, workers *river.Workers, until func() bool) {
+	t.Helper()
+	if !b.maintainFor(t, workers, until, 15*time.Second) {
+		t.Fatalf("River did not rescue and rerun the job within 15s (%s)", b.db.URL)
+	}
+}
+
+// maintainFor is maintain for at most d; it reports whether until said so.
+func (b *bundle) maintainFor(t *testing.T, workers *river.Workers, until func() bool, d time.Duration) bool {
 	t.Helper()
 	cfg := b.riverConfig(workers, 1)
 	cfg.Queues = map[string]river.QueueConfig{"maintenance": {MaxWorkers: 1}}
@@ -159,11 +167,12 @@ func (b *bundle) maintain(t *testing.T, workers *river.Workers, until func() boo
 		defer cancel()
 		require.NoError(t, client.Stop(ctx))
 	}()
-	deadline := time.Now().Add(15 * time.Second)
-	for !until() {
-		require.True(t, time.Now().Before(deadline), "River did not rescue and rerun the job within 15s (%s)", b.db.URL)
-		time.Sleep(20 * time.Millisecond)
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if until() {
+			return true
+		}
 	}
+	return false
 }
 
 // jobState reads a job's state and attempt from river_job.
