@@ -50,11 +50,11 @@ var (
 	// it (or still has a fenced transaction open). The attempt is snoozed:
 	// the error returned to River also matches *river.JobSnoozeError.
 	ErrLeaseUnavailable = errors.New("riverfence: the job's previous attempt still holds its lease")
-	// ErrJobNotRunning: CompleteTx found the job row no longer running (River
-	// finalized it for another attempt, or the rescuer moved it): the
-	// transaction, results included, was rolled back, and River's retry
-	// policy decides what runs next.
-	ErrJobNotRunning = errors.New("riverfence: the job row is no longer running, so this attempt cannot complete it")
+	// ErrJobNotRunning: CompleteTx found the job row no longer running this
+	// attempt (the rescuer moved it, River handed it to a newer attempt, or
+	// finalized it): the transaction, results included, was rolled back, and
+	// River's retry policy decides what runs next.
+	ErrJobNotRunning = errors.New("riverfence: the job row no longer runs this attempt, so this attempt cannot complete it")
 )
 
 // Config configures a Middleware. The zero value (or a nil *Config) gives the
@@ -297,28 +297,46 @@ func Tx(ctx context.Context, db gofence.Beginner, fn func(pgx.Tx) error) error {
 }
 
 // CompleteTx writes the attempt's results and completes job in one fenced
-// transaction: it runs fn (nil for none) in Tx, then river.JobCompleteTx in
-// the same transaction, and commits both or neither. When a newer attempt
-// of the job exists, the transaction fails (gofence.ErrStaleToken, FN001)
-// before fn runs, and until it ends no newer attempt can be granted its
-// token; so an old attempt can neither write its results nor complete the
-// job over the newer attempt's work. When the job row is no longer running
-// (River finalized it for another attempt), it rolls back and returns an
-// error matching ErrJobNotRunning. It needs Work's ctx (River's client is
-// in it too) and the riverpgxv5 driver.
+// transaction: it runs fn (nil for none) in Tx, then locks the job's row
+// (River's JobUpdateTx, which changes nothing else), checks that the row
+// still runs this attempt, and completes it with river.JobCompleteTx in the
+// same transaction; it commits all of it or nothing. When a newer attempt of
+// the job has its token, the transaction fails (gofence.ErrStaleToken,
+// FN001) before fn runs, and until it ends no newer attempt can be granted
+// its token; so an old attempt can neither write its results nor complete
+// the job over the newer attempt's work. When the job row no longer runs
+// this attempt (River rescued it and handed it to a newer attempt that has
+// no token yet, or finalized it), it rolls back and returns an error
+// matching ErrJobNotRunning. It needs Work's ctx (River's client is in it
+// too) and the riverpgxv5 driver.
 func CompleteTx[TArgs river.JobArgs](ctx context.Context, db gofence.Beginner, job *river.Job[TArgs], fn func(pgx.Tx) error) (*river.Job[TArgs], error) {
 	a, _ := ctx.Value(attemptKey{}).(*attempt)
 	if a == nil || job == nil || job.JobRow == nil || a.jobID != job.ID {
 		return nil, ErrNoAttempt
 	}
+	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
+	if err != nil {
+		return nil, fmt.Errorf("riverfence: completing job %d needs Work's ctx with River's pgx client in it: %w", job.ID, err)
+	}
 	var done *river.Job[TArgs]
-	err := a.lease.Tx(ctx, db, func(tx pgx.Tx) error {
+	err = a.lease.Tx(ctx, db, func(tx pgx.Tx) error {
 		if fn != nil {
 			if err := fn(tx); err != nil {
 				return err
 			}
 		}
-		var err error
+		// River's completion updates the row by id while it is running,
+		// whatever attempt runs it: the row may run a newer attempt that
+		// River fetched after a rescue and that has not been granted its
+		// token yet, so this token is still the latest. Lock the row and
+		// look first; the lock keeps River from handing it on meanwhile.
+		row, err := client.JobUpdateTx(ctx, tx, job.ID, nil)
+		if err != nil {
+			return fmt.Errorf("riverfence: locking job %d: %w", job.ID, err)
+		}
+		if !sameAttempt(row, job.JobRow) {
+			return fmt.Errorf("%w (job %d is %s at attempt %d; this is attempt %d)", ErrJobNotRunning, job.ID, row.State, row.Attempt, job.Attempt)
+		}
 		done, err = river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
 		if err != nil {
 			return fmt.Errorf("riverfence: completing job %d: %w", job.ID, err)
@@ -332,4 +350,17 @@ func CompleteTx[TArgs river.JobArgs](ctx context.Context, db gofence.Beginner, j
 		return nil, err
 	}
 	return done, nil
+}
+
+// sameAttempt says whether row, as read now, still runs the attempt that
+// job was fetched for: running, with the same attempt number and the same
+// attempted_at (a snooze gives the number back, the fetch time differs).
+func sameAttempt(row, job *rivertype.JobRow) bool {
+	if row.State != rivertype.JobStateRunning || row.Attempt != job.Attempt {
+		return false
+	}
+	if row.AttemptedAt == nil || job.AttemptedAt == nil {
+		return row.AttemptedAt == job.AttemptedAt
+	}
+	return row.AttemptedAt.Equal(*job.AttemptedAt)
 }

@@ -30,9 +30,9 @@ var quiet = slog.New(slog.DiscardHandler)
 // the worker's, registered with riverfence.AddWorker), and River rescues a
 // job 1s after its attempt began (RescueStuckJobsAfter).
 const (
-	workerTimeout = 500 * time.Millisecond
-	jobTimeout    = time.Second
-	rescueAfter   = time.Second
+	workerTimeout = 1500 * time.Millisecond
+	jobTimeout    = 2 * time.Second
+	rescueAfter   = 2 * time.Second
 )
 
 // bundle is one test's database with River's schema, the tables that the
@@ -143,7 +143,8 @@ func (b *bundle) work(t *testing.T, workers *river.Workers, maxWorkers int) *riv
 
 // maintain runs River's maintenance: a client of the same workers, on a
 // queue that holds no jobs, that leads; starting it runs the rescuer and the
-// scheduler at once (River's rescuer runs every 30s otherwise). It stops the
+// scheduler at once (River's rescuer runs every 30s otherwise; TestOnly
+// leaves out the up to 1s that maintenance services wait before they start). It stops the
 // client once until says so, and fails the test when that takes over 15s.
 func (b *bundle) maintain(t *testing.T, workers *river.Workers, until func() bool) {
 	t.Helper()
@@ -159,6 +160,7 @@ func (b *bundle) maintainFor(t *testing.T, workers *river.Workers, until func() 
 	cfg.Queues = map[string]river.QueueConfig{"maintenance": {MaxWorkers: 1}}
 	cfg.LeaderElectionDisabled = false
 	cfg.Middleware = nil
+	cfg.TestOnly = true // the rescuer runs as soon as the client leads, not up to 1s later
 	client, err := river.NewClient(riverpgxv5.New(b.pool), cfg)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(b.ctx))
@@ -182,11 +184,26 @@ func (b *bundle) jobState(t *testing.T, id int64) (state string, attempt int) {
 	return state, attempt
 }
 
+// jobErrors returns the errors River recorded on a job, for failure
+// messages.
+func (b *bundle) jobErrors(t *testing.T, id int64) string {
+	t.Helper()
+	var s string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT coalesce(errors::text, '') FROM river_job WHERE id = $1`, id).Scan(&s))
+	return s
+}
+
 // record writes what an attempt saw into history, outside any fenced
 // transaction (and under a context River's timeout does not end).
 func (b *bundle) record(ctx context.Context, job *rivertype.JobRow, token int64, op string, err error) {
-	msg := ""
-	if err != nil {
+	msg := "" // what refused the write: FN001, not running, or the error
+	switch {
+	case err == nil:
+	case errors.Is(err, gofence.ErrStaleToken):
+		msg = "FN001"
+	case errors.Is(err, riverfence.ErrJobNotRunning):
+		msg = "not running"
+	default:
 		msg = err.Error()
 	}
 	_, _ = b.db.Pool.Exec(context.WithoutCancel(ctx),
@@ -312,7 +329,7 @@ func pauseAndRescue(t *testing.T, b *bundle) pauseReport {
 
 	select {
 	case a := <-w.started:
-		require.Equal(t, 1, a)
+		require.Equal(t, 1, a, "the first attempt that reached the worker; the job's errors: %s", b.jobErrors(t, id))
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the job's first attempt did not start (%s)", b.db.URL)
 	}
