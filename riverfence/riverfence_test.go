@@ -48,6 +48,8 @@ type bundle struct {
 	// pollOnly runs River without LISTEN (behind PgBouncer in transaction
 	// mode).
 	pollOnly bool
+	// mwCfg configures the middleware (JobTimeout: jobTimeout when zero).
+	mwCfg riverfence.Config
 }
 
 // setup makes a bundle. With fenced, steps and results are protected per
@@ -95,7 +97,11 @@ func (b *bundle) start(t *testing.T, gcfg gofence.Config) {
 	for _, tbl := range []string{"steps", "results"} {
 		require.NoError(t, b.fence.ProtectRows(b.ctx, tbl, "job_id", riverfence.DefaultResourcePrefix, ""))
 	}
-	b.mw, err = riverfence.New(b.fence, &riverfence.Config{JobTimeout: jobTimeout})
+	mwCfg := b.mwCfg
+	if mwCfg.JobTimeout == 0 {
+		mwCfg.JobTimeout = jobTimeout
+	}
+	b.mw, err = riverfence.New(b.fence, &mwCfg)
 	require.NoError(t, err)
 }
 
