@@ -28,11 +28,11 @@ var quiet = slog.New(slog.DiscardHandler)
 // The timings of the tests: an attempt's deadline (the workers' Timeout) is
 // short, River's client-wide JobTimeout longer (so the middleware must take
 // the worker's, registered with riverfence.AddWorker), and River rescues a
-// job 1s after its attempt began (RescueStuckJobsAfter).
+// job 3s after its attempt began (RescueStuckJobsAfter).
 const (
-	workerTimeout = 1500 * time.Millisecond
-	jobTimeout    = 2 * time.Second
-	rescueAfter   = 2 * time.Second
+	workerTimeout = 2400 * time.Millisecond
+	jobTimeout    = 3 * time.Second
+	rescueAfter   = 3 * time.Second
 )
 
 // bundle is one test's database with River's schema, the tables that the
