@@ -56,7 +56,7 @@ type bundle struct {
 // row (resource river_job:<job_id>) and the middleware exists; without,
 // the tables are plain and the workers write as an unfenced River worker
 // does (the control).
-func setup(t *testing.T, fenced bool) *bundle {
+func setup(t testing.TB, fenced bool) *bundle {
 	t.Helper()
 	b := &bundle{ctx: t.Context(), db: pgtest.Setup(t), fenced: fenced}
 	b.pool = b.db.Pool
@@ -79,7 +79,7 @@ func (b *bundle) usePool(pool *pgxpool.Pool) { b.pool = pool }
 
 // start creates the gofence client and the middleware (fenced) on b.pool,
 // and protects the tables.
-func (b *bundle) start(t *testing.T, gcfg gofence.Config) {
+func (b *bundle) start(t testing.TB, gcfg gofence.Config) {
 	t.Helper()
 	if !b.fenced {
 		return
@@ -134,7 +134,7 @@ func (b *bundle) riverConfig(workers *river.Workers, maxWorkers int) *river.Conf
 
 // work starts the client that works the jobs; it is stopped (and its
 // attempts cancelled) when the test ends.
-func (b *bundle) work(t *testing.T, workers *river.Workers, maxWorkers int) *river.Client[pgx.Tx] {
+func (b *bundle) work(t testing.TB, workers *river.Workers, maxWorkers int) *river.Client[pgx.Tx] {
 	t.Helper()
 	client, err := river.NewClient(riverpgxv5.New(b.pool), b.riverConfig(workers, maxWorkers))
 	require.NoError(t, err)
