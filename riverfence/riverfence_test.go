@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -416,7 +417,21 @@ func TestPausedAttemptPastItsTimeoutIsFenced(t *testing.T) {
 	t.Run("with the middleware", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, true)
-		b.start(t, gofence.Config{})
+		var mu sync.Mutex
+		var refusals []*gofence.RefusalEvent
+		var holders []string
+		b.start(t, gofence.Config{Observer: gofence.ObserverFunc(func(_ context.Context, e gofence.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch e := e.(type) {
+			case *gofence.RefusalEvent:
+				refusals = append(refusals, e)
+			case *gofence.AcquireEvent:
+				if e.Outcome == gofence.OutcomeGranted {
+					holders = append(holders, e.Holder)
+				}
+			}
+		})})
 		rep := pauseAndRescue(t, b)
 		require.NoError(t, rep.safe(), b.db.URL)
 		require.ErrorIs(t, rep.old.step, gofence.ErrStaleToken)
@@ -424,6 +439,17 @@ func TestPausedAttemptPastItsTimeoutIsFenced(t *testing.T) {
 		require.Greater(t, rep.rescued.token, rep.old.token, "the rescued attempt's token")
 		require.Equal(t, "completed", rep.state)
 		require.Equal(t, 2, rep.attempt)
+		// What the client's observer saw: the grants of both attempts,
+		// named by attempt, and the old attempt's two refusals.
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []string{b.fence.Holder() + "/river-attempt-1", b.fence.Holder() + "/river-attempt-2"}, holders)
+		require.Len(t, refusals, 2)
+		for _, r := range refusals {
+			require.Equal(t, "FN001", r.SQLState)
+			require.Equal(t, []string{"river_job:1"}, r.Resources)
+			require.Equal(t, []int64{rep.old.token}, r.Tokens)
+		}
 	})
 	t.Run("control: without the middleware the old attempt overwrites", func(t *testing.T) {
 		t.Parallel()
