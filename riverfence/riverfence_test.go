@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,11 +267,11 @@ type outcome struct {
 	step, complete error
 }
 
-// pauseWorker's first attempt stops until wake is closed, ignoring its
-// context as River's docs warn that a worker may ("A worker that ignores
-// cancellation may continue running even after the client has timed out the
-// job or the job rescuer has moved it out of running"): a GC pause, a
-// stalled dependency. Then it writes a step and its result and completes
+// pauseWorker's first attempt (the first that reaches Work) stops until
+// wake is closed, ignoring its context as River's docs warn that a worker
+// may ("A worker that ignores cancellation may continue running even after
+// the client has timed out the job or the job rescuer has moved it out of
+// running"): a GC pause, a stalled dependency. Then it writes a step and its result and completes
 // the job, under a context River's timeout no longer ends, as code that
 // ignores cancellation does.
 type pauseWorker struct {
@@ -279,13 +280,14 @@ type pauseWorker struct {
 	started  chan int
 	wake     chan struct{}
 	outcomes chan outcome
+	paused   atomic.Bool
 }
 
 func (w *pauseWorker) Timeout(*river.Job[pauseArgs]) time.Duration { return workerTimeout }
 
 func (w *pauseWorker) Work(ctx context.Context, job *river.Job[pauseArgs]) error {
 	w.started <- job.Attempt
-	if job.Attempt == 1 {
+	if w.paused.CompareAndSwap(false, true) { // the first attempt that gets here
 		select {
 		case <-w.wake:
 		case <-time.After(30 * time.Second): // never forever
@@ -334,9 +336,12 @@ func pauseAndRescue(t *testing.T, b *bundle) pauseReport {
 	require.NoError(t, err)
 	id := res.Job.ID
 
+	var first int
 	select {
-	case a := <-w.started:
-		require.Equal(t, 1, a, "the first attempt that reached the worker; the job's errors: %s", b.jobErrors(t, id))
+	case first = <-w.started:
+		if first != 1 { // an attempt failed before Work (a grant that came back too late, on a loaded machine)
+			t.Logf("the first attempt to reach the worker is attempt %d; the job's errors: %s", first, b.jobErrors(t, id))
+		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the job's first attempt did not start (%s)", b.db.URL)
 	}
@@ -346,7 +351,7 @@ func pauseAndRescue(t *testing.T, b *bundle) pauseReport {
 	b.maintain(t, workers, func() bool {
 		select {
 		case a := <-w.started:
-			require.Equal(t, 2, a)
+			require.Greater(t, a, first)
 			return true
 		default:
 			return false
@@ -358,14 +363,14 @@ func pauseAndRescue(t *testing.T, b *bundle) pauseReport {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the rescued attempt did not finish (%s)", b.db.URL)
 	}
-	require.Equal(t, 2, rep.rescued.attempt)
+	require.Greater(t, rep.rescued.attempt, first)
 	close(w.wake)
 	select {
 	case rep.old = <-w.outcomes:
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the paused attempt did not finish (%s)", b.db.URL)
 	}
-	require.Equal(t, 1, rep.old.attempt)
+	require.Equal(t, first, rep.old.attempt)
 
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT attempt FROM results WHERE job_id = $1`, id).Scan(&rep.resultAttempt))
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT attempt FROM steps WHERE job_id = $1 ORDER BY seq`, id)
@@ -394,11 +399,11 @@ func (r pauseReport) safe() error {
 	if r.old.complete == nil {
 		errs = append(errs, errors.New("the old attempt's result and completion landed after the rescued attempt's"))
 	}
-	if r.resultAttempt != 2 {
+	if r.resultAttempt != r.rescued.attempt {
 		errs = append(errs, fmt.Errorf("results holds attempt %d's result, not the rescued attempt's", r.resultAttempt))
 	}
-	if fmt.Sprint(r.steps) != "[2]" {
-		errs = append(errs, fmt.Errorf("steps written by attempts %v, want [2]", r.steps))
+	if fmt.Sprint(r.steps) != fmt.Sprint([]int{r.rescued.attempt}) {
+		errs = append(errs, fmt.Errorf("steps written by attempts %v, want [%d]", r.steps, r.rescued.attempt))
 	}
 	return errors.Join(errs...)
 }
@@ -438,12 +443,15 @@ func TestPausedAttemptPastItsTimeoutIsFenced(t *testing.T) {
 		require.ErrorIs(t, rep.old.complete, gofence.ErrStaleToken)
 		require.Greater(t, rep.rescued.token, rep.old.token, "the rescued attempt's token")
 		require.Equal(t, "completed", rep.state)
-		require.Equal(t, 2, rep.attempt)
+		require.Equal(t, rep.rescued.attempt, rep.attempt)
 		// What the client's observer saw: the grants of both attempts,
 		// named by attempt, and the old attempt's two refusals.
 		mu.Lock()
 		defer mu.Unlock()
-		require.Equal(t, []string{b.fence.Holder() + "/river-attempt-1", b.fence.Holder() + "/river-attempt-2"}, holders)
+		require.Equal(t, []string{
+			fmt.Sprintf("%s/river-attempt-%d", b.fence.Holder(), rep.old.attempt),
+			fmt.Sprintf("%s/river-attempt-%d", b.fence.Holder(), rep.rescued.attempt),
+		}, holders)
 		require.Len(t, refusals, 2)
 		for _, r := range refusals {
 			require.Equal(t, "FN001", r.SQLState)
@@ -459,8 +467,8 @@ func TestPausedAttemptPastItsTimeoutIsFenced(t *testing.T) {
 		require.Error(t, err, "without the middleware the scenario should show the zombie write")
 		require.NoError(t, rep.old.step)
 		require.NoError(t, rep.old.complete)
-		require.Equal(t, 1, rep.resultAttempt, "the old attempt's result replaced the rescued attempt's")
-		require.Equal(t, []int{2, 1}, rep.steps)
+		require.Equal(t, rep.old.attempt, rep.resultAttempt, "the old attempt's result replaced the rescued attempt's")
+		require.Equal(t, []int{rep.rescued.attempt, rep.old.attempt}, rep.steps)
 		t.Logf("control, as expected: %v", err)
 	})
 }
