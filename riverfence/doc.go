@@ -68,8 +68,8 @@
 // # When the lease cannot be had
 //
 // An attempt waits for its lease up to Config.AcquireTimeout (5s) while the
-// previous attempt still holds it (a worker whose Timeout the middleware was
-// not told, River's JobRetry of a running job) or still has a fenced
+// previous attempt still holds it (a worker registered without AddWorker
+// whose Timeout is shorter than Config.JobTimeout) or still has a fenced
 // transaction open. If that time passes, Work does not run the worker and
 // returns an error that matches ErrLeaseUnavailable and *river.JobSnoozeError:
 // River snoozes the job (which does not use up an attempt) until the holder's

@@ -200,7 +200,9 @@ func TestAttemptSnoozesWhileTheLeaseIsHeld(t *testing.T) {
 }
 
 // TestWorkReturnsASnoozeError: the error a snoozed attempt returns matches
-// ErrLeaseUnavailable and *river.JobSnoozeError, and names the job.
+// ErrLeaseUnavailable and *river.JobSnoozeError, and names the job; any
+// other failure to take the lease is a plain error (River retries it);
+// outside an attempt, Tx and Lease find none.
 func TestWorkReturnsASnoozeError(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
@@ -223,4 +225,20 @@ func TestWorkReturnsASnoozeError(t *testing.T) {
 
 	require.ErrorIs(t, riverfence.Tx(b.ctx, b.pool, nil), riverfence.ErrNoAttempt)
 	require.Nil(t, riverfence.Lease(b.ctx))
+
+	// Any other failure to take the lease is an error that River retries,
+	// not a snooze: here the gofence client is closed.
+	closed, err := gofence.New(b.pool, &gofence.Config{Logger: quiet})
+	require.NoError(t, err)
+	require.NoError(t, closed.Close(b.ctx))
+	mw, err := riverfence.New(closed, nil)
+	require.NoError(t, err)
+	err = mw.Work(b.ctx, &rivertype.JobRow{ID: 5, Kind: "lease", Attempt: 2, EncodedArgs: []byte(`{}`)}, func(context.Context) error {
+		ran = true
+		return nil
+	})
+	require.False(t, ran)
+	require.ErrorIs(t, err, gofence.ErrClosed)
+	require.False(t, errors.As(err, &snooze), "%v", err)
+	require.Contains(t, err.Error(), "job 5 attempt 2")
 }

@@ -260,10 +260,10 @@ func (m *Middleware) snooze(ctx context.Context, job *rivertype.JobRow, resource
 }
 
 func holderName(client string, attempt int) string {
-	const max = 255 // fence.acquire's limit on holder names
+	const maxLen = 255 // fence.acquire's limit on holder names
 	suffix := "/river-attempt-" + strconv.Itoa(attempt)
-	if len(client)+len(suffix) > max {
-		client = client[:max-len(suffix)]
+	if len(client)+len(suffix) > maxLen {
+		client = client[:maxLen-len(suffix)]
 	}
 	return client + suffix
 }
