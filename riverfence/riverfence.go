@@ -71,7 +71,14 @@ type Config struct {
 	// TTL is the longest TTL of an attempt's lease. An attempt with a
 	// timeout takes min(TTL, timeout/3), so that the lease is renewed a few
 	// times and its last renewal still ends by the attempt's deadline; an
-	// attempt without a timeout takes TTL. Default DefaultTTL (30s).
+	// attempt without a timeout takes TTL. Default DefaultTTL (30s). The
+	// renewal interval, safety margin and retry interval follow from each
+	// lease's TTL (gofence.LeaseOptions.TTL), so leave them unset in the
+	// gofence.Config of the client: set there, they must fit the shortest
+	// TTL, or the grant fails. A TTL shorter than a few round trips to the
+	// database loses grants (a reply after the trust deadline is given
+	// back, and the attempt fails): keep job timeouts well above three
+	// round trips.
 	TTL time.Duration
 	// AcquireTimeout is how long an attempt waits for its lease when the
 	// job's previous attempt still holds it (or still has a fenced
