@@ -86,8 +86,8 @@ func receiveLooks(t *testing.T, w *leaseWorker) []look {
 	}
 }
 
-// TestLeaseEndsBeforeTheAttemptsDeadline: an attempt with a timeout of 1.5s
-// holds a live lease of TTL 500ms (timeout/3), renewed while the attempt
+// TestLeaseEndsBeforeTheAttemptsDeadline: an attempt with a timeout of 3s
+// holds a live lease of TTL 1s (timeout/3), renewed while the attempt
 // runs, whose expiry by the server's clock never passes the deadline (the
 // middleware counts it from before the grant, so from the grant on it is at
 // most the timeout), and that the middleware releases: from the deadline on
@@ -96,9 +96,9 @@ func receiveLooks(t *testing.T, w *leaseWorker) []look {
 func TestLeaseEndsBeforeTheAttemptsDeadline(t *testing.T) {
 	t.Parallel()
 	b, w, client := leaseSetup(t, riverfence.Config{})
-	const timeout = 1500 * time.Millisecond
+	const timeout = 3 * time.Second
 	// The worker goes on past its deadline (ignoring River's cancellation).
-	res, err := client.Insert(b.ctx, leaseArgs{Timeout: timeout, Hold: 2 * timeout}, nil)
+	res, err := client.Insert(b.ctx, leaseArgs{Timeout: timeout, Hold: timeout + time.Second}, nil)
 	require.NoError(t, err)
 	looks := receiveLooks(t, w)
 	first := looks[0]
