@@ -131,12 +131,12 @@ func TestLeaseEndsBeforeTheAttemptsDeadline(t *testing.T) {
 }
 
 // TestJobWithoutTimeoutKeepsItsLease: a job whose worker's Timeout is -1
-// (none) holds its lease, renewed, as long as Work runs (here 2.5s, over
-// twice the TTL), and Work's return releases it.
+// (none) holds its lease, renewed, as long as Work runs (here 4.5s, over
+// twice the TTL of 2s), and Work's return releases it.
 func TestJobWithoutTimeoutKeepsItsLease(t *testing.T) {
 	t.Parallel()
-	b, w, client := leaseSetup(t, riverfence.Config{TTL: time.Second})
-	res, err := client.Insert(b.ctx, leaseArgs{Timeout: -1, Hold: 2500 * time.Millisecond}, nil)
+	b, w, client := leaseSetup(t, riverfence.Config{TTL: 2 * time.Second})
+	res, err := client.Insert(b.ctx, leaseArgs{Timeout: -1, Hold: 4500 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	looks := receiveLooks(t, w)
 	for _, l := range looks {
@@ -144,7 +144,7 @@ func TestJobWithoutTimeoutKeepsItsLease(t *testing.T) {
 		require.True(t, l.live, "at %s", l.at)
 	}
 	last := looks[len(looks)-1]
-	require.Greater(t, last.at, 2*time.Second)
+	require.Greater(t, last.at, 4*time.Second)
 	require.True(t, last.expires.After(looks[0].expires), "renewed")
 	require.Eventually(t, func() bool {
 		info, ok, err := b.fence.LeaseOf(b.ctx, b.mw.Resource(res.Job.ID))
