@@ -602,8 +602,12 @@ func (r *Runner) reset(ctx context.Context, spec Spec, sess []*session) error {
 		if s.conn.PgConn().TxStatus() == 'I' {
 			continue
 		}
+		// A second try: the cancel of a step that returned meanwhile
+		// can reach the server late, and cancel this ROLLBACK instead.
 		if _, err := s.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
-			return fmt.Errorf("reset session %s: %w", s.spec.Name, err)
+			if _, err := s.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
+				return fmt.Errorf("reset session %s: %w", s.spec.Name, err)
+			}
 		}
 	}
 	if !prepares {
