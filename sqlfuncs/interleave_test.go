@@ -254,6 +254,18 @@ func ilSpecs() []interleave.Spec {
 			})
 		}
 	}
+	// A grant that rolls back: the writer's commit after it is no
+	// failure (the checker counts committed grants only).
+	for _, f := range []string{"tw", "pr"} {
+		specs = append(specs, interleave.Spec{
+			Family: "writers",
+			Name:   fmt.Sprintf("writers/Wrr:snap+write/%s U:release+check+acquire+rollback", f),
+			Sessions: []interleave.Session{
+				{Name: "G", Role: "U", Steps: ilSteps(ilBegin(1), ilRelease, ilCheck, ilAcquire, ilRollback)},
+				ilWriter("W", 1, true, f),
+			},
+		})
+	}
 	for wiso := range isoNames {
 		for _, gr := range grants {
 			specs = append(specs, interleave.Spec{

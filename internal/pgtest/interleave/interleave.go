@@ -212,7 +212,6 @@ type ref struct{ s, i int }
 type Runner struct {
 	t       Target
 	monitor *pgx.Conn
-	conns   map[string]*pgx.Conn // by role
 	dbname  string
 	seq     int // gid sequence
 }
@@ -253,7 +252,6 @@ type session struct {
 	inTx    bool         // a Begin step ran and its transaction has not ended
 	tx      string       // current transaction's name
 	gid     string       // last prepared transaction's gid
-	gidTx   string       // and its {tx}
 	sps     []savepoint  // open savepoints
 	grants  []*grantInfo // grants of the current transaction
 }
@@ -503,7 +501,7 @@ func (r *Runner) runOrder(ctx context.Context, spec Spec, sess []*session, order
 		out.setupRes[string(row[0])] = string(row[1])
 	}
 	for _, s := range sess {
-		s.next, s.waiting, s.txn, s.tx, s.gid, s.gidTx, s.sps, s.grants, s.inTx = 0, nil, 0, "", "", "", nil, nil, false
+		s.next, s.waiting, s.txn, s.tx, s.gid, s.sps, s.grants, s.inTx = 0, nil, 0, "", "", nil, nil, false
 	}
 	for k, x := range order {
 		s := sess[x.s]
@@ -637,7 +635,6 @@ func (r *Runner) fill(s *session, st *Step, vars map[string]string, sess []*sess
 	if st.Kind == Prepare {
 		r.seq++
 		s.gid = fmt.Sprintf("%s_%s_%d", r.dbname, s.spec.Name, r.seq)
-		s.gidTx = s.tx
 	}
 	var b strings.Builder
 	for {
@@ -969,16 +966,16 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 		return "", false, err
 	}
 	if len(rs) != 2 {
-		return "", false, fmt.Errorf("Rows and Leases: %d results, want 2", len(rs))
+		return "", false, fmt.Errorf("the rows and leases queries: %d results, want 2", len(rs))
 	}
 	for _, x := range rs[0].Rows {
 		if len(x) != 3 {
-			return "", false, fmt.Errorf("Rows: %d columns, want (resource, token, tx)", len(x))
+			return "", false, fmt.Errorf("the rows query: %d columns, want (resource, token, tx)", len(x))
 		}
 		var tok int64 // a row without a token counts as older than every grant
 		if x[1] != nil {
 			if tok, err = strconv.ParseInt(string(x[1]), 10, 64); err != nil {
-				return "", false, fmt.Errorf("Rows: token %q: %w", x[1], err)
+				return "", false, fmt.Errorf("the rows query: token %q: %w", x[1], err)
 			}
 		}
 		rowsOut = append(rowsOut, row{res: string(x[0]), tok: tok, tx: string(x[2])})
@@ -986,11 +983,11 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 	leases := map[string]int64{}
 	for _, x := range rs[1].Rows {
 		if len(x) != 2 {
-			return "", false, fmt.Errorf("Leases: %d columns, want (resource, token)", len(x))
+			return "", false, fmt.Errorf("the leases query: %d columns, want (resource, token)", len(x))
 		}
 		tok, err := strconv.ParseInt(string(x[1]), 10, 64)
 		if err != nil {
-			return "", false, fmt.Errorf("Leases: token %q: %w", x[1], err)
+			return "", false, fmt.Errorf("the leases query: token %q: %w", x[1], err)
 		}
 		leases[string(x[0])] = tok
 	}
