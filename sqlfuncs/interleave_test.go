@@ -235,8 +235,10 @@ func ilSpecs() []interleave.Spec {
 		name, role string
 		body       []interleave.Step
 	}{
-		{"O:revoke", "O", ilSteps(ilRevoke)},
-		{"U:release+check+sp_acquire", "U", ilSteps(ilRelease, ilCheck, ilSP, ilAcquire, ilSPRel)},
+		// A READ COMMITTED revoke, and break 1's grant: a REPEATABLE
+		// READ transaction whose check locks the row FOR KEY SHARE.
+		{"O:rc:revoke", "O", ilSteps(ilBegin(0), ilRevoke)},
+		{"U:rr:release+check+sp_acquire", "U", ilSteps(ilBegin(1), ilRelease, ilCheck, ilSP, ilAcquire, ilSPRel)},
 	}
 	n = 0
 	for _, sh := range shapes {
@@ -248,7 +250,7 @@ func ilSpecs() []interleave.Spec {
 				Family: "writers",
 				Name:   fmt.Sprintf("writers/W%s:%s/%s %s", isoNames[wiso].short, sh.name, f, gr.name),
 				Sessions: []interleave.Session{
-					{Name: "G", Role: gr.role, Steps: ilSteps(ilBegin(0), gr.body, ilCommit)},
+					{Name: "G", Role: gr.role, Steps: ilSteps(gr.body, ilCommit)},
 					{Name: "W", Role: "H", Steps: ilSteps(ilBegin(wiso), sh.body(f), ilCommit)},
 				},
 			})
@@ -273,7 +275,7 @@ func ilSpecs() []interleave.Spec {
 				Name:   fmt.Sprintf("writers/W%s:snap+write/pr17 %s", isoNames[wiso].short, gr.name),
 				Setup:  ilSetup17,
 				Sessions: []interleave.Session{
-					{Name: "G", Role: gr.role, Steps: ilSteps(ilBegin(0), gr.body, ilCommit)},
+					{Name: "G", Role: gr.role, Steps: ilSteps(gr.body, ilCommit)},
 					{Name: "W", Role: "H", Steps: ilSteps(ilBegin(wiso), ilSnap, ilWrite("pr17", "T1"), ilCommit)},
 				},
 			})
@@ -299,7 +301,7 @@ func ilSpecs() []interleave.Spec {
 				Family: "three",
 				Name:   fmt.Sprintf("three/%s %s %s", gr.name, ilWriterName(wiso, wiso > 0, "tw"), th.name),
 				Sessions: []interleave.Session{
-					{Name: "G", Role: gr.role, Steps: ilSteps(ilBegin(0), gr.body, ilCommit)},
+					{Name: "G", Role: gr.role, Steps: ilSteps(gr.body, ilCommit)},
 					ilWriter("W", wiso, wiso > 0, "tw"),
 					th.s,
 				},
