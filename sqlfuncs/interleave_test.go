@@ -130,6 +130,7 @@ type ilGrantor struct {
 	name  string
 	roles []string
 	body  []interleave.Step
+	setup string // the spec's Setup, when not the default
 }
 
 // ilGrantors are the grant paths: a grant after the caller's own release,
@@ -146,20 +147,29 @@ func ilGrantors() []ilGrantor {
 	}
 	for _, w := range sp {
 		out = append(out,
-			ilGrantor{"release+check+acquire/" + w.name, []string{"U", "H", "S"}, ilSteps(ilRelease, ilCheck, w.wrap(ilAcquire))},
-			ilGrantor{"release+acquire/" + w.name, []string{"U", "H"}, ilSteps(ilRelease, w.wrap(ilAcquire))},
-			ilGrantor{"renew+release+acquire/" + w.name, []string{"H"}, ilSteps(ilRenew, ilRelease, w.wrap(ilAcquire))},
-			ilGrantor{"check+revoke/" + w.name, []string{"O", "S"}, ilSteps(ilCheck, w.wrap(ilRevoke))},
-			ilGrantor{"revoke/" + w.name, []string{"O"}, ilSteps(w.wrap(ilRevoke))},
+			ilGrantor{"release+check+acquire/" + w.name, []string{"U", "H", "S"}, ilSteps(ilRelease, ilCheck, w.wrap(ilAcquire)), ""},
+			ilGrantor{"release+acquire/" + w.name, []string{"U", "H"}, ilSteps(ilRelease, w.wrap(ilAcquire)), ""},
+			ilGrantor{"renew+release+acquire/" + w.name, []string{"H"}, ilSteps(ilRenew, ilRelease, w.wrap(ilAcquire)), ""},
+			ilGrantor{"check+revoke/" + w.name, []string{"O", "S"}, ilSteps(ilCheck, w.wrap(ilRevoke)), ""},
+			ilGrantor{"revoke/" + w.name, []string{"O"}, ilSteps(w.wrap(ilRevoke)), ""},
 		)
 		for _, mode := range []string{"KEY SHARE", "UPDATE"} {
-			out = append(out, ilGrantor{"lock_" + strings.ReplaceAll(strings.ToLower(mode), " ", "_") + "+revoke/" + w.name, []string{"S"}, ilSteps(ilLock(mode), w.wrap(ilRevoke))})
+			out = append(out, ilGrantor{"lock_" + strings.ReplaceAll(strings.ToLower(mode), " ", "_") + "+revoke/" + w.name, []string{"S"}, ilSteps(ilLock(mode), w.wrap(ilRevoke)), ""})
 		}
 	}
 	out = append(out,
-		ilGrantor{"release+check+acquire/sp_rolled_back", []string{"U"}, ilSteps(ilRelease, ilCheck, ilSP, ilAcquire, ilSPBack)},
-		ilGrantor{"lock_share+revoke/sp", []string{"S"}, ilSteps(ilLock("SHARE"), ilSP, ilRevoke, ilSPRel)},
+		ilGrantor{"release+check+acquire/sp_rolled_back", []string{"U"}, ilSteps(ilRelease, ilCheck, ilSP, ilAcquire, ilSPBack), ""},
+		ilGrantor{"lock_share+revoke/sp", []string{"S"}, ilSteps(ilLock("SHARE"), ilSP, ilRevoke, ilSPRel), ""},
 	)
+	// After the holder's release committed (the order starts with T1
+	// granted and released): fence.acquire's fast path, a grant of a
+	// lease row that exists and is not live.
+	for _, w := range sp {
+		out = append(out,
+			ilGrantor{"released:acquire/" + w.name, []string{"U", "H"}, ilSteps(w.wrap(ilAcquire)), ilSetupReleased},
+			ilGrantor{"released:check+acquire/" + w.name, []string{"U"}, ilSteps(ilCheck, w.wrap(ilAcquire)), ilSetupReleased},
+		)
+	}
 	return out
 }
 
@@ -197,6 +207,7 @@ func ilSpecs() []interleave.Spec {
 					form := forms[(n+k)%len(forms)]
 					specs = append(specs, interleave.Spec{
 						Family: "grants",
+						Setup:  g.setup,
 						Name:   fmt.Sprintf("grants/%s:%s/%s %s", role, isoNames[giso].short, g.name, ilWriterName(w.iso, w.snap, form)),
 						Sessions: []interleave.Session{
 							{Name: "G", Role: role, Steps: ilSteps(ilBegin(giso), g.body, ilCommit)},
@@ -338,6 +349,11 @@ func ilSpecs() []interleave.Spec {
 // (q1 ... q16) besides r.
 const ilSetup17 = `SELECT 'T1', 'r', fence.acquire('r', 'h', '1h')
 	UNION ALL SELECT 'Q' || i, 'q' || i, fence.acquire('q' || i, 'h', '1h') FROM generate_series(1, 16) i`
+
+// ilSetupReleased grants T1 to the holder and releases it: the lease row
+// exists and is not live, and T1 is still r's latest token.
+const ilSetupReleased = `WITH g AS (SELECT fence.acquire('r', 'h', '1h') AS t)
+	SELECT 'T1', 'r', t FROM g WHERE fence.release('r', t)`
 
 // ilKnownFailing lists specs that fail on this branch with a reason; they
 // still run and their failures are reported, but do not fail the test.
