@@ -130,6 +130,7 @@ type ilGrantor struct {
 	name  string
 	roles []string
 	body  []interleave.Step
+	setup string // the spec's Setup, when not the default
 }
 
 // ilGrantors are the grant paths: a grant after the caller's own release,
@@ -146,20 +147,29 @@ func ilGrantors() []ilGrantor {
 	}
 	for _, w := range sp {
 		out = append(out,
-			ilGrantor{"release+check+acquire/" + w.name, []string{"U", "H", "S"}, ilSteps(ilRelease, ilCheck, w.wrap(ilAcquire))},
-			ilGrantor{"release+acquire/" + w.name, []string{"U", "H"}, ilSteps(ilRelease, w.wrap(ilAcquire))},
-			ilGrantor{"renew+release+acquire/" + w.name, []string{"H"}, ilSteps(ilRenew, ilRelease, w.wrap(ilAcquire))},
-			ilGrantor{"check+revoke/" + w.name, []string{"O", "S"}, ilSteps(ilCheck, w.wrap(ilRevoke))},
-			ilGrantor{"revoke/" + w.name, []string{"O"}, ilSteps(w.wrap(ilRevoke))},
+			ilGrantor{"release+check+acquire/" + w.name, []string{"U", "H", "S"}, ilSteps(ilRelease, ilCheck, w.wrap(ilAcquire)), ""},
+			ilGrantor{"release+acquire/" + w.name, []string{"U", "H"}, ilSteps(ilRelease, w.wrap(ilAcquire)), ""},
+			ilGrantor{"renew+release+acquire/" + w.name, []string{"H"}, ilSteps(ilRenew, ilRelease, w.wrap(ilAcquire)), ""},
+			ilGrantor{"check+revoke/" + w.name, []string{"O", "S"}, ilSteps(ilCheck, w.wrap(ilRevoke)), ""},
+			ilGrantor{"revoke/" + w.name, []string{"O"}, ilSteps(w.wrap(ilRevoke)), ""},
 		)
 		for _, mode := range []string{"KEY SHARE", "UPDATE"} {
-			out = append(out, ilGrantor{"lock_" + strings.ReplaceAll(strings.ToLower(mode), " ", "_") + "+revoke/" + w.name, []string{"S"}, ilSteps(ilLock(mode), w.wrap(ilRevoke))})
+			out = append(out, ilGrantor{"lock_" + strings.ReplaceAll(strings.ToLower(mode), " ", "_") + "+revoke/" + w.name, []string{"S"}, ilSteps(ilLock(mode), w.wrap(ilRevoke)), ""})
 		}
 	}
 	out = append(out,
-		ilGrantor{"release+check+acquire/sp_rolled_back", []string{"U"}, ilSteps(ilRelease, ilCheck, ilSP, ilAcquire, ilSPBack)},
-		ilGrantor{"lock_share+revoke/sp", []string{"S"}, ilSteps(ilLock("SHARE"), ilSP, ilRevoke, ilSPRel)},
+		ilGrantor{"release+check+acquire/sp_rolled_back", []string{"U"}, ilSteps(ilRelease, ilCheck, ilSP, ilAcquire, ilSPBack), ""},
+		ilGrantor{"lock_share+revoke/sp", []string{"S"}, ilSteps(ilLock("SHARE"), ilSP, ilRevoke, ilSPRel), ""},
 	)
+	// After the holder's release committed (the order starts with T1
+	// granted and released): fence.acquire's fast path, a grant of a
+	// lease row that exists and is not live.
+	for _, w := range sp {
+		out = append(out,
+			ilGrantor{"released:acquire/" + w.name, []string{"U", "H"}, ilSteps(w.wrap(ilAcquire)), ilSetupReleased},
+			ilGrantor{"released:check+acquire/" + w.name, []string{"U"}, ilSteps(ilCheck, w.wrap(ilAcquire)), ilSetupReleased},
+		)
+	}
 	return out
 }
 
@@ -168,43 +178,53 @@ func ilSpecs() []interleave.Spec {
 	var specs []interleave.Spec
 	forms := []string{"tw", "tp", "pr"}
 
-	// grants: every grant path at every isolation level against the
-	// holder's writer (READ COMMITTED; REPEATABLE READ with and without a
-	// snapshot taken first; SERIALIZABLE with one), on one table form per
-	// spec (cycling).
+	// grants: every grant path, by every role that may take it, at
+	// READ COMMITTED and REPEATABLE READ (SERIALIZABLE too for the usage
+	// role), against two writers of the holder (below), on one table
+	// form per spec (in turn).
 	n := 0
 	for _, g := range ilGrantors() {
 		for _, role := range g.roles {
 			for giso := range isoNames {
-				for wiso := range isoNames {
-					for _, snap := range []bool{false, true} {
-						if snap == (wiso == 0) && wiso != 1 {
-							// READ COMMITTED takes a snapshot per
-							// statement; SERIALIZABLE runs with its
-							// snapshot taken first only (REPEATABLE
-							// READ has both).
-							continue
-						}
-						form := forms[n%len(forms)]
-						n++
-						specs = append(specs, interleave.Spec{
-							Family: "grants",
-							Name:   fmt.Sprintf("grants/%s:%s/%s %s", role, isoNames[giso].short, g.name, ilWriterName(wiso, snap, form)),
-							Sessions: []interleave.Session{
-								{Name: "G", Role: role, Steps: ilSteps(ilBegin(giso), g.body, ilCommit)},
-								ilWriter("W", wiso, snap, form),
-							},
-						})
-					}
+				if giso == 2 && role != "U" {
+					// SERIALIZABLE grants only by the usage role: its row
+					// locks are REPEATABLE READ's, and the family is the
+					// largest.
+					continue
 				}
+				// The REPEATABLE READ writer with its snapshot taken
+				// before the grant (break 1's), and one more in turn:
+				// READ COMMITTED, REPEATABLE READ without a snapshot
+				// yet, SERIALIZABLE with one.
+				others := []struct {
+					iso  int
+					snap bool
+				}{{0, false}, {1, false}, {2, true}}
+				for k, w := range []struct {
+					iso  int
+					snap bool
+				}{{1, true}, others[n%len(others)]} {
+					form := forms[(n+k)%len(forms)]
+					specs = append(specs, interleave.Spec{
+						Family: "grants",
+						Setup:  g.setup,
+						Name:   fmt.Sprintf("grants/%s:%s/%s %s", role, isoNames[giso].short, g.name, ilWriterName(w.iso, w.snap, form)),
+						Sessions: []interleave.Session{
+							{Name: "G", Role: role, Steps: ilSteps(ilBegin(giso), g.body, ilCommit)},
+							ilWriter("W", w.iso, w.snap, form),
+						},
+					})
+				}
+				n++
 			}
 		}
 	}
 
 	// writers: the holder's writer in more shapes (two writes, a
 	// savepoint rolled back, the 17-resource statement, its own renew,
-	// release or grant in the transaction), against a grant by another
-	// session, on one table form per spec (cycling).
+	// release or grant in the transaction) at each isolation level,
+	// against a grant by another session, on one table form per spec
+	// (the grant and the form in turn).
 	type wshape struct {
 		name string
 		body func(form string) []interleave.Step
@@ -226,25 +246,38 @@ func ilSpecs() []interleave.Spec {
 		name, role string
 		body       []interleave.Step
 	}{
-		{"O:revoke", "O", ilSteps(ilRevoke)},
-		{"U:release+check+sp_acquire", "U", ilSteps(ilRelease, ilCheck, ilSP, ilAcquire, ilSPRel)},
+		// A READ COMMITTED revoke, and break 1's grant: a REPEATABLE
+		// READ transaction whose check locks the row FOR KEY SHARE.
+		{"O:rc:revoke", "O", ilSteps(ilBegin(0), ilRevoke)},
+		{"U:rr:release+check+sp_acquire", "U", ilSteps(ilBegin(1), ilRelease, ilCheck, ilSP, ilAcquire, ilSPRel)},
 	}
 	n = 0
 	for _, sh := range shapes {
 		for wiso := range isoNames {
-			for _, gr := range grants {
-				f := forms[n%len(forms)]
-				n++
-				specs = append(specs, interleave.Spec{
-					Family: "writers",
-					Name:   fmt.Sprintf("writers/W%s:%s/%s %s", isoNames[wiso].short, sh.name, f, gr.name),
-					Sessions: []interleave.Session{
-						{Name: "G", Role: gr.role, Steps: ilSteps(ilBegin(0), gr.body, ilCommit)},
-						{Name: "W", Role: "H", Steps: ilSteps(ilBegin(wiso), sh.body(f), ilCommit)},
-					},
-				})
-			}
+			gr := grants[n%len(grants)]
+			f := forms[n%len(forms)]
+			n++
+			specs = append(specs, interleave.Spec{
+				Family: "writers",
+				Name:   fmt.Sprintf("writers/W%s:%s/%s %s", isoNames[wiso].short, sh.name, f, gr.name),
+				Sessions: []interleave.Session{
+					{Name: "G", Role: gr.role, Steps: ilSteps(gr.body, ilCommit)},
+					{Name: "W", Role: "H", Steps: ilSteps(ilBegin(wiso), sh.body(f), ilCommit)},
+				},
+			})
 		}
+	}
+	// A grant that rolls back: the writer's commit after it is no
+	// failure (the checker counts committed grants only).
+	for _, f := range []string{"tw", "pr"} {
+		specs = append(specs, interleave.Spec{
+			Family: "writers",
+			Name:   fmt.Sprintf("writers/Wrr:snap+write/%s U:release+check+acquire+rollback", f),
+			Sessions: []interleave.Session{
+				{Name: "G", Role: "U", Steps: ilSteps(ilBegin(1), ilRelease, ilCheck, ilAcquire, ilRollback)},
+				ilWriter("W", 1, true, f),
+			},
+		})
 	}
 	for wiso := range isoNames {
 		for _, gr := range grants {
@@ -253,7 +286,7 @@ func ilSpecs() []interleave.Spec {
 				Name:   fmt.Sprintf("writers/W%s:snap+write/pr17 %s", isoNames[wiso].short, gr.name),
 				Setup:  ilSetup17,
 				Sessions: []interleave.Session{
-					{Name: "G", Role: gr.role, Steps: ilSteps(ilBegin(0), gr.body, ilCommit)},
+					{Name: "G", Role: gr.role, Steps: ilSteps(gr.body, ilCommit)},
 					{Name: "W", Role: "H", Steps: ilSteps(ilBegin(wiso), ilSnap, ilWrite("pr17", "T1"), ilCommit)},
 				},
 			})
@@ -279,7 +312,7 @@ func ilSpecs() []interleave.Spec {
 				Family: "three",
 				Name:   fmt.Sprintf("three/%s %s %s", gr.name, ilWriterName(wiso, wiso > 0, "tw"), th.name),
 				Sessions: []interleave.Session{
-					{Name: "G", Role: gr.role, Steps: ilSteps(ilBegin(0), gr.body, ilCommit)},
+					{Name: "G", Role: gr.role, Steps: ilSteps(gr.body, ilCommit)},
 					ilWriter("W", wiso, wiso > 0, "tw"),
 					th.s,
 				},
@@ -316,6 +349,11 @@ func ilSpecs() []interleave.Spec {
 // (q1 ... q16) besides r.
 const ilSetup17 = `SELECT 'T1', 'r', fence.acquire('r', 'h', '1h')
 	UNION ALL SELECT 'Q' || i, 'q' || i, fence.acquire('q' || i, 'h', '1h') FROM generate_series(1, 16) i`
+
+// ilSetupReleased grants T1 to the holder and releases it: the lease row
+// exists and is not live, and T1 is still r's latest token.
+const ilSetupReleased = `WITH g AS (SELECT fence.acquire('r', 'h', '1h') AS t)
+	SELECT 'T1', 'r', t FROM g WHERE fence.release('r', t)`
 
 // ilKnownFailing lists specs that fail on this branch with a reason; they
 // still run and their failures are reported, but do not fail the test.

@@ -212,7 +212,6 @@ type ref struct{ s, i int }
 type Runner struct {
 	t       Target
 	monitor *pgx.Conn
-	conns   map[string]*pgx.Conn // by role
 	dbname  string
 	seq     int // gid sequence
 }
@@ -250,9 +249,9 @@ type session struct {
 	next    int          // next step to send
 	waiting *pending     // the step in flight, when it blocked
 	txn     int          // transactions begun
+	inTx    bool         // a Begin step ran and its transaction has not ended
 	tx      string       // current transaction's name
 	gid     string       // last prepared transaction's gid
-	gidTx   string       // and its {tx}
 	sps     []savepoint  // open savepoints
 	grants  []*grantInfo // grants of the current transaction
 }
@@ -277,6 +276,7 @@ type pending struct {
 	done  chan result
 	early *result // the result, when blocked() received it
 	grant bool    // a Grant step, which may wait in pg_sleep
+	auto  bool    // sent outside a transaction block: commits on success
 }
 
 // poll returns p's result when it is there.
@@ -385,6 +385,11 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (Stats, []Failure, error) {
 		}
 		return true
 	})
+	// Leave nothing behind: a prepared transaction outlives its session
+	// and keeps the database from being dropped.
+	if err := r.reset(ctx, spec, sess); err != nil && runErr == nil {
+		runErr = fmt.Errorf("interleave: spec %s: %w", spec.Name, err)
+	}
 	return st, fails, runErr
 }
 
@@ -496,7 +501,7 @@ func (r *Runner) runOrder(ctx context.Context, spec Spec, sess []*session, order
 		out.setupRes[string(row[0])] = string(row[1])
 	}
 	for _, s := range sess {
-		s.next, s.waiting, s.txn, s.tx, s.gid, s.gidTx, s.sps, s.grants = 0, nil, 0, "", "", "", nil, nil
+		s.next, s.waiting, s.txn, s.tx, s.gid, s.sps, s.grants, s.inTx = 0, nil, 0, "", "", nil, nil, false
 	}
 	for k, x := range order {
 		s := sess[x.s]
@@ -584,6 +589,8 @@ func (r *Runner) stuck(ctx context.Context, sess []*session) bool {
 	return err == nil && n == 0
 }
 
+// reset rolls back every session of the spec and every prepared transaction
+// of the database.
 func (r *Runner) reset(ctx context.Context, spec Spec, sess []*session) error {
 	prepares := false
 	for _, s := range sess {
@@ -593,8 +600,12 @@ func (r *Runner) reset(ctx context.Context, spec Spec, sess []*session) error {
 		if s.conn.PgConn().TxStatus() == 'I' {
 			continue
 		}
+		// A second try: the cancel of a step that returned meanwhile
+		// can reach the server late, and cancel this ROLLBACK instead.
 		if _, err := s.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
-			return fmt.Errorf("reset session %s: %w", s.spec.Name, err)
+			if _, err := s.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
+				return fmt.Errorf("reset session %s: %w", s.spec.Name, err)
+			}
 		}
 	}
 	if !prepares {
@@ -624,7 +635,6 @@ func (r *Runner) fill(s *session, st *Step, vars map[string]string, sess []*sess
 	if st.Kind == Prepare {
 		r.seq++
 		s.gid = fmt.Sprintf("%s_%s_%d", r.dbname, s.spec.Name, r.seq)
-		s.gidTx = s.tx
 	}
 	var b strings.Builder
 	for {
@@ -668,12 +678,21 @@ func (r *Runner) fill(s *session, st *Step, vars map[string]string, sess []*sess
 // send starts step x of s.
 func (r *Runner) send(ctx context.Context, sess []*session, s *session, x ref, vars map[string]string) *pending {
 	st := &s.spec.Steps[x.i]
-	if st.Kind == Begin {
+	p := &pending{step: x, done: make(chan result, 1), grant: st.Kind == Grant}
+	switch {
+	case st.Kind == Begin:
 		s.txn++
 		s.tx = fmt.Sprintf("%s%d", s.spec.Name, s.txn)
 		s.sps, s.grants = nil, nil
+		s.inTx = true
+	case !s.inTx && st.Kind != CommitPrepared:
+		// Outside a transaction block the statement is a transaction
+		// of its own, committed when it returns without an error.
+		s.txn++
+		s.tx = fmt.Sprintf("%s%d", s.spec.Name, s.txn)
+		s.sps, s.grants = nil, nil
+		p.auto = true
 	}
-	p := &pending{step: x, done: make(chan result, 1), grant: st.Kind == Grant}
 	p.sql = r.fill(s, st, vars, sess)
 	s.next++
 	sctx, cancel := context.WithTimeout(ctx, r.t.StepTimeout)
@@ -843,6 +862,14 @@ func (r *Runner) record(spec Spec, s *session, p *pending, res result, vars map[
 	}
 	out.lines = append(out.lines, line)
 	ok := res.err == nil
+	defer func() {
+		if p.auto {
+			if ok {
+				out.commits[s.tx] = ev
+			}
+			s.endTx(ok, out)
+		}
+	}()
 	switch st.Kind {
 	case Grant:
 		if ok && len(res.rows) == 1 && len(res.rows[0]) >= 1 && res.rows[0][0] != null {
@@ -860,10 +887,13 @@ func (r *Runner) record(spec Spec, s *session, p *pending, res result, vars map[
 		if ok && res.tag == "COMMIT" {
 			out.commits[s.tx] = ev
 		}
+		s.inTx = false
 		s.endTx(ok && res.tag == "COMMIT", out)
 	case Rollback:
+		s.inTx = false
 		s.endTx(false, out)
 	case Prepare:
+		s.inTx = false
 		prepared := ok && res.tag == "PREPARE TRANSACTION"
 		if !prepared {
 			s.gid = ""
@@ -936,16 +966,16 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 		return "", false, err
 	}
 	if len(rs) != 2 {
-		return "", false, fmt.Errorf("Rows and Leases: %d results, want 2", len(rs))
+		return "", false, fmt.Errorf("the rows and leases queries: %d results, want 2", len(rs))
 	}
 	for _, x := range rs[0].Rows {
 		if len(x) != 3 {
-			return "", false, fmt.Errorf("Rows: %d columns, want (resource, token, tx)", len(x))
+			return "", false, fmt.Errorf("the rows query: %d columns, want (resource, token, tx)", len(x))
 		}
 		var tok int64 // a row without a token counts as older than every grant
 		if x[1] != nil {
 			if tok, err = strconv.ParseInt(string(x[1]), 10, 64); err != nil {
-				return "", false, fmt.Errorf("Rows: token %q: %w", x[1], err)
+				return "", false, fmt.Errorf("the rows query: token %q: %w", x[1], err)
 			}
 		}
 		rowsOut = append(rowsOut, row{res: string(x[0]), tok: tok, tx: string(x[2])})
@@ -953,11 +983,11 @@ func (r *Runner) check(ctx context.Context, out *outcome) (string, bool, error) 
 	leases := map[string]int64{}
 	for _, x := range rs[1].Rows {
 		if len(x) != 2 {
-			return "", false, fmt.Errorf("Leases: %d columns, want (resource, token)", len(x))
+			return "", false, fmt.Errorf("the leases query: %d columns, want (resource, token)", len(x))
 		}
 		tok, err := strconv.ParseInt(string(x[1]), 10, 64)
 		if err != nil {
-			return "", false, fmt.Errorf("Leases: token %q: %w", x[1], err)
+			return "", false, fmt.Errorf("the leases query: token %q: %w", x[1], err)
 		}
 		leases[string(x[0])] = tok
 	}
