@@ -45,6 +45,13 @@ type kitState struct {
 	Version                  uint
 	Dirty                    bool
 	VersionKnown, DirtyKnown bool
+
+	// Unrecorded: schema fence is installed, the asking role owns it (or is
+	// a superuser), and the version table does not exist where
+	// golang-migrate looks for it: the kit's files were applied without
+	// golang-migrate (psql, another migration tool). Version is then
+	// fence.version(), and pgfence migrate baseline records it.
+	Unrecorded bool
 }
 
 // readKit reads the kit's state as the pool's role, writing nothing.
@@ -75,6 +82,9 @@ func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 	case !k.Installed && !k.VersionTable:
 		k.VersionKnown, k.DirtyKnown = true, true // version 0: never installed
 	}
+	// Another role's version table may live in another schema (its own
+	// search_path); for the owner, this is where golang-migrate would look.
+	k.Unrecorded = k.Installed && !k.VersionTable && (k.IsKitOwner || k.Super) && k.VersionKnown
 	return k, nil
 }
 

@@ -1,0 +1,112 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/sqlfuncs"
+)
+
+// applyWithPsql applies the up files of versions 1 to upTo as the README's
+// "Copying the files" does: psql, one transaction per file, no
+// golang-migrate.
+func applyWithPsql(t *testing.T, db *pgtest.DB, upTo int) {
+	t.Helper()
+	if _, err := exec.LookPath("psql"); err != nil {
+		if os.Getenv(pgtest.EnvRequireDB) == "1" {
+			t.Fatal("applying the files needs psql: ", err)
+		}
+		t.Skip("psql is not installed")
+	}
+	files, err := filepath.Glob("../../../../migrations/0*.up.sql")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(files), upTo)
+	for _, f := range files[:upTo] {
+		out, err := exec.CommandContext(t.Context(), "psql", db.URL, "-X", "-q", "-1", "-v", "ON_ERROR_STOP=1", "-f", f).CombinedOutput()
+		require.NoError(t, err, "%s: %s", f, out)
+	}
+	v, err := sqlfuncs.Version(t.Context(), db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, upTo, v)
+}
+
+func versionTableExists(t *testing.T, db *pgtest.DB) bool {
+	t.Helper()
+	var exists bool
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT to_regclass('public.fence_schema_migrations') IS NOT NULL`).Scan(&exists))
+	return exists
+}
+
+// TestMigrateAdoptsAKitAppliedWithPsql (issue 28 item 4): a kit applied
+// file by file has fence.version() and no version table. migrate up took
+// the database for an empty one and left version 1 dirty; down, goto and
+// force created an empty version table. Now version and doctor say what
+// happened and name the command, every changing action refuses and
+// creates nothing, and migrate baseline records the version, after which
+// up goes on from there.
+func TestMigrateAdoptsAKitAppliedWithPsql(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Empty(t)
+	url := "--database-url=" + db.URL
+	copied := migrations.Latest - 1
+	applyWithPsql(t, db, copied)
+	fix := fmt.Sprintf("pgfence migrate baseline to record version %d", copied)
+
+	code, out, errOut := run(t, "migrate", "version", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("version %d, not recorded", copied))
+	require.Contains(t, out, fmt.Sprintf("pgfence migrate baseline records version %d", copied))
+	code, out, errOut = run(t, "migrate", "version", "--json", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.Equal(t, map[string]any{"version": float64(copied), "dirty": nil, "recorded": false}, got)
+
+	code, fs, out := doctorFindings(t, db.URL)
+	require.Equal(t, cli.ExitError, code, out)
+	require.Equal(t, "fail", fs["migrations"].Status)
+	require.Contains(t, fs["migrations"].Detail, "installed without golang-migrate")
+	require.Contains(t, fs["migrations"].Fix, fmt.Sprintf("pgfence migrate baseline (records version %d)", copied))
+	require.NotContains(t, out, "cannot read")
+
+	for _, args := range [][]string{{"up"}, {"down", "1", "--yes"}, {"down", "--yes"}, {"goto", "1", "--yes"}, {"force", fmt.Sprint(copied)}} {
+		code, _, errOut := run(t, append(append([]string{"migrate"}, args...), url)...)
+		require.Equal(t, cli.ExitError, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, fix, args)
+		require.Contains(t, errOut, "nothing was changed", args)
+		require.False(t, versionTableExists(t, db), "migrate %v created the version table", args)
+		v, err := sqlfuncs.Version(t.Context(), db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, copied, v, args)
+	}
+
+	for range 2 { // the second finds the same record and changes nothing
+		code, out, errOut = run(t, "migrate", "baseline", url)
+		require.Equal(t, cli.ExitOK, code, errOut)
+		require.Equal(t, fmt.Sprintf("version %d, clean\n", copied), out)
+	}
+	code, out, errOut = run(t, "migrate", "up", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), out)
+	_, fs, out = doctorFindings(t, db.URL)
+	require.Equal(t, "ok", fs["migrations"].Status, out)
+}
+
+// TestMigrateBaselineRefusesWithoutAKit: nothing to record, nothing created.
+func TestMigrateBaselineRefusesWithoutAKit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Empty(t)
+	code, _, errOut := run(t, "migrate", "baseline", "--database-url", db.URL)
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "pgfence migrate up installs it")
+	nothingInstalled(t, db)
+}
