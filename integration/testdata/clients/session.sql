@@ -1,11 +1,11 @@
 -- pgfence from psql (docs/clients.md): a holder pauses past its TTL, a
 -- newer holder writes, the old one's write is refused.
 \set ON_ERROR_STOP off
-SELECT fence.acquire('job:1', 'psql-A', '1 second') AS token_a \gset
+SELECT fence.acquire('job:1', 'psql-A', '2 seconds') AS token_a \gset
 \echo A holds job:1 with token :token_a
 SELECT fence.acquire('job:1', 'psql-C', '30 seconds') IS NULL AS held_by_a \gset
 \echo C is refused while A holds it (NULL: :held_by_a)
-SELECT pg_sleep(1.5) \g /dev/null
+SELECT pg_sleep(2.5) \g /dev/null
 SELECT fence.acquire('job:1', 'psql-B', '30 seconds') AS token_b \gset
 \echo B holds job:1 with token :token_b
 INSERT INTO job_results (job_id, result, fence_token) VALUES (1, 'by B', :token_b)
