@@ -3,6 +3,7 @@ package cli_test
 import (
 	"encoding/json"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,4 +110,66 @@ func TestMigrateBaselineRefusesWithoutAKit(t *testing.T) {
 	require.Equal(t, cli.ExitError, code, errOut)
 	require.Contains(t, errOut, "pgfence migrate up installs it")
 	nothingInstalled(t, db)
+}
+
+// upstreamMigrate finds the upstream golang-migrate CLI (built with the
+// pgx5 driver): $PGFENCE_MIGRATE_CLI, else `migrate` on PATH; it skips, or
+// fails under PGFENCE_TEST_REQUIRE_MIGRATE_CLI=1.
+func upstreamMigrate(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("PGFENCE_MIGRATE_CLI"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("migrate"); err == nil {
+		return p
+	}
+	msg := "the upstream migrate CLI is not installed: go install -tags pgx5 github.com/golang-migrate/migrate/v4/cmd/migrate@v4.20.1"
+	if os.Getenv("PGFENCE_TEST_REQUIRE_MIGRATE_CLI") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// TestUpstreamMigrateOnACopiedKitIsRepairedWithTheNamedForce: run before
+// the baseline, the upstream migrate CLI takes a copied kit for an empty
+// database, fails on 001 and records version 1 dirty. doctor and migrate
+// then name the exact repair (force to the version fence.version()
+// reports, since the failed file rolled back), after which up goes on.
+func TestUpstreamMigrateOnACopiedKitIsRepairedWithTheNamedForce(t *testing.T) {
+	t.Parallel()
+	cli_ := upstreamMigrate(t)
+	db := pgtest.Empty(t)
+	url := "--database-url=" + db.URL
+	copied := migrations.Latest - 1
+	applyWithPsql(t, db, copied)
+
+	u, err := neturl.Parse(db.URL)
+	require.NoError(t, err)
+	u.Scheme = "pgx5"
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	q.Set("x-migrations-table", migrations.Table)
+	u.RawQuery = q.Encode()
+	dir, err := filepath.Abs("../../../../migrations")
+	require.NoError(t, err)
+	out, err := exec.CommandContext(t.Context(), cli_, "-path", dir, "-database", u.String(), "up").CombinedOutput()
+	require.Error(t, err, "upstream migrate up on a copied kit: %s", out)
+	require.Contains(t, string(out), "already exists")
+
+	force := fmt.Sprintf("pgfence migrate force %d (fence.version() says the schema is at %d)", copied, copied)
+	code, fs, doc := doctorFindings(t, db.URL)
+	require.Equal(t, cli.ExitError, code, doc)
+	require.Equal(t, "fail", fs["migrations"].Status)
+	require.Contains(t, fs["migrations"].Fix, force)
+	code, _, errOut := run(t, "migrate", "up", url)
+	require.Equal(t, cli.ExitError, code)
+	require.Contains(t, errOut, force)
+
+	code, outS, errOut := run(t, "migrate", "force", fmt.Sprint(copied), url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", copied), outS)
+	code, outS, errOut = run(t, "migrate", "up", url)
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, fmt.Sprintf("version %d, clean\n", migrations.Latest), outS)
 }

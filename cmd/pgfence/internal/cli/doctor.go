@@ -203,7 +203,7 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 			fmt.Sprintf("pgfence migrate baseline (records version %d), as role %s", k.Version, k.User))
 	case k.Dirty:
 		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", k.Version),
-			fmt.Sprintf("as role %s: repair by hand, then pgfence migrate force VERSION", k.KitOwner))
+			fmt.Sprintf("as role %s: repair by hand, then %s", k.KitOwner, k.forceFix()))
 	case k.Version < migrations.Latest:
 		add("migrations", "warn", fmt.Sprintf("version %d installed, %d available", k.Version, migrations.Latest), upgrade)
 	case k.Version > migrations.Latest:

@@ -163,7 +163,7 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 		return gofence.ForceMigrationVersion(ctx, pool, n)
 	}
 	if k.Dirty {
-		return fmt.Errorf("version %d is dirty (a migration failed half-way): repair what it left, then pgfence migrate force VERSION (the version the database is really at) and try again; nothing was changed", k.Version)
+		return fmt.Errorf("version %d is dirty (a migration failed half-way): repair what it left, then %s and try again; nothing was changed", k.Version, k.forceFix())
 	}
 	if target == int(k.Version) {
 		return nil
@@ -293,7 +293,7 @@ func (g *globals) printVersion(k kitState) error {
 		case !k.DirtyKnown:
 			state = fmt.Sprintf("from fence.version() (role %s cannot read %s, so a half-failed migration would not show here)", k.User, migrations.Table)
 		case k.Dirty:
-			state = "dirty (a migration failed half-way: repair, then pgfence migrate force VERSION)"
+			state = "dirty (a migration failed half-way: repair, then " + k.forceFix() + ")"
 		}
 		_, err := fmt.Fprintf(w, "version %d, %s\n", k.Version, state)
 		return err
