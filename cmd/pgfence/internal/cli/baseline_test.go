@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,9 +19,9 @@ import (
 	"github.com/pgfence/pgfence/sqlfuncs"
 )
 
-// applyWithPsql applies the up files of versions 1 to upTo as the README's
-// "Copying the files" does: psql, one transaction per file, no
-// golang-migrate.
+// applyWithPsql applies the up files of versions 1 to upTo with the
+// README's "Copying the files" loop (psql, one transaction per file, no
+// golang-migrate), run by sh on a folder holding copies of those files.
 func applyWithPsql(t *testing.T, db *pgtest.DB, upTo int) {
 	t.Helper()
 	if _, err := exec.LookPath("psql"); err != nil {
@@ -28,16 +30,30 @@ func applyWithPsql(t *testing.T, db *pgtest.DB, upTo int) {
 		}
 		t.Skip("psql is not installed")
 	}
+	sec := readmeSection(t, "## Installing the kit into your database")
+	sec = sec[strings.Index(sec, "**Copying the files**"):]
+	m := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(sec)
+	require.NotNil(t, m, "the README's \"Copying the files\" has a sh block")
+	require.Contains(t, m[1], "migrations/0*.up.sql")
+
 	files, err := filepath.Glob("../../../../migrations/0*.up.sql")
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(files), upTo)
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "migrations"), 0o755))
 	for _, f := range files[:upTo] {
-		out, err := exec.CommandContext(t.Context(), "psql", db.URL, "-X", "-q", "-1", "-v", "ON_ERROR_STOP=1", "-f", f).CombinedOutput()
-		require.NoError(t, err, "%s: %s", f, out)
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "migrations", filepath.Base(f)), b, 0o644))
 	}
+	cmd := exec.CommandContext(t.Context(), "sh", "-ec", m[1])
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	v, err := sqlfuncs.Version(t.Context(), db.Pool)
 	require.NoError(t, err)
-	require.Equal(t, upTo, v)
+	require.Equal(t, upTo, v, "the README's loop applied every file: %s", out)
 }
 
 func versionTableExists(t *testing.T, db *pgtest.DB) bool {
