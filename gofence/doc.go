@@ -187,6 +187,25 @@
 // Who leads now is Client.LeaseOf(name) with Live true: there is no
 // separate call for it.
 //
+// # When the primary changes
+//
+// Give the pool every node of a highly available cluster with
+// target_session_attrs=read-write (and a connect_timeout), and the Client
+// follows the primary: its connections to the old one fail, and new ones
+// find the new one. Nothing else is needed, and nothing hangs: across a
+// failover a held lease cannot renew anywhere, so it is lost at its trust
+// deadline (Done, Err matching ErrLost), before the new primary can grant
+// it to anyone if the new primary received the lease's last renewal (when
+// asynchronous replication lost that renewal, only if the failover took
+// longer than the TTL: the database still refuses the old holder's
+// writes). Its later writes fail with ErrStaleToken or ErrUnknownToken,
+// and ErrLost. A waiter
+// keeps asking and is granted on the new primary, with a token of a new
+// epoch, once the old lease has expired there by the server's clock; Elect
+// loses its term and is elected again with a larger one.
+// TestPatroniGofenceAcrossFailover (the integration suite) runs it through
+// Patroni; docs/ha.md has the settings and the figures.
+//
 // # Observing
 //
 // Config.Observer receives typed events (AcquireEvent, RenewEvent,

@@ -17,7 +17,8 @@ import (
 // TestOlderSnapshotNeverPassesTheCheck: a transaction W whose snapshot was
 // taken before a grant committed never passes fence.check with the
 // superseded token, with or without the lease_token_key constraint (of
-// migrations 1 and 2; migration 3 dropped it, the test puts it back), at every
+// migrations 1 and 2 on (resource, token); migration 3 dropped it; migration 9
+// put it back on (token), and the test drops it for constraint=false), at every
 // isolation level, whether the grant committed before W's check or while W's
 // check waited on the gate. Under REPEATABLE READ and SERIALIZABLE the FOR KEY
 // SHARE lock of fence.check meets an old row version whose xmax carries
@@ -61,8 +62,8 @@ func TestOlderSnapshotNeverPassesTheCheck(t *testing.T) {
 			b := setup(t)
 			ctx, db := b.ctx, b.db.Pool
 			b.protectedTables(t, "job")
-			if constraint {
-				b.exec(t, `ALTER TABLE fence.lease ADD CONSTRAINT lease_token_key UNIQUE (resource, token)`)
+			if !constraint {
+				b.exec(t, `ALTER TABLE fence.lease DROP CONSTRAINT lease_token_key`)
 			}
 			w, g, h := b.db.Conn(t), b.db.Conn(t), b.db.Conn(t)
 

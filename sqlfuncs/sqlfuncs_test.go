@@ -111,6 +111,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 		"version":         sqlfuncs.Version,
 		"grant_usage":     sqlfuncs.GrantUsage,
 		"revoke_usage":    sqlfuncs.RevokeUsage,
+		"token_budget":    sqlfuncs.TokenBudget,
 	}
 	// Internal helpers start with an underscore and trigger functions cannot
 	// be called; everything else is public surface.
@@ -382,5 +383,6 @@ func TestEveryConstraintHasAMigrationsName(t *testing.T) {
 		"fence.lease lease_durable",
 		"fence.lease lease_durable_update",
 		"fence.lease lease_pkey",
+		"fence.lease lease_token_key",
 	}, names)
 }

@@ -49,6 +49,8 @@ func newDoctorCmd(g *globals) *cobra.Command {
                       0: a paused holder makes grants wait
   pooler              a connection pooler in front, and its mode
   token epoch         the functions grants read the epoch from
+  token budget        what is left of the token space (epochs, counter
+                      moves, grants: fence.token_budget, version 9)
   managed service     which one the server's settings suggest
   server log          refused writes reach it with their SQLSTATE and
                       statement
@@ -143,6 +145,9 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		database = k.Database
 		doctorKit(ctx, pool, k, add)
 		doctorGuards(ctx, pool, k, srv.VersionNum, add)
+		if k.Installed && k.VersionKnown && (k.Usage || k.Super) {
+			doctorBudget(ctx, pool, k.Version, add) // budget.go
+		}
 	}
 
 	settings, err := catalog.ReadDurabilitySettings(ctx, pool)
