@@ -27,26 +27,27 @@ class Lease {
     Object.assign(this, { resource, token, deadline: sent + TTL - MARGIN, lost: false });
     this.timer = setInterval(() => this.renew(), (TTL / 3) * 1000);
   }
-  async renew() {
-    if (this.busy || this.lost) return;
-    this.busy = true;
-    const sent = now();
-    try {
-      this.conn = this.conn || (await connect());
-      const r = await this.conn.query('SELECT fence.renew($1, $2, make_interval(secs => $3)) AS expires',
-        [this.resource, this.token, TTL]);
-      if (r.rows[0].expires === null) this.lost = true; // expired, released, revoked or superseded
-      else this.deadline = sent + TTL - MARGIN;
-    } catch (e) {
-      if (this.conn) this.conn.end().catch(() => {});
-      this.conn = null; // transient: retry on a new connection until the deadline
-    } finally {
-      this.busy = false;
-    }
+  renew() {
+    if (this.inflight || this.lost || this.stopped) return;
+    this.inflight = (async () => {
+      const sent = now();
+      try {
+        this.conn = this.conn || (await connect());
+        const r = await this.conn.query('SELECT fence.renew($1, $2, make_interval(secs => $3)) AS expires',
+          [this.resource, this.token, TTL]);
+        if (r.rows[0].expires === null) this.lost = true; // expired, released, revoked or superseded
+        else this.deadline = sent + TTL - MARGIN;
+      } catch (e) {
+        if (this.conn) this.conn.end().catch(() => {});
+        this.conn = null; // transient: retry on a new connection until the deadline
+      }
+    })().finally(() => { this.inflight = null; });
   }
   trusted() { return !this.lost && now() < this.deadline; }
   async stop() {
+    this.stopped = true;
     clearInterval(this.timer);
+    if (this.inflight) await this.inflight; // a renewal under way may be opening a connection
     if (this.conn) await this.conn.end().catch(() => {});
   }
 }
