@@ -106,7 +106,7 @@ per-resource series and keeps the totals.`,
   pgfence status --watch
   pgfence status --watch=10s --json
   pgfence status --format prometheus
-  pgfence status --format prometheus --watch=15s --output /var/lib/node_exporter/textfile/pgfence.prom`,
+  pgfence status --format prometheus --watch=15s --output /var/lib/prometheus/node-exporter/pgfence.prom`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.check(cmd, args, g.json); err != nil {
