@@ -5,7 +5,22 @@
 -- What changes, each with the test that failed on 008 (the proofs are in
 -- docs/design.md; the reference in docs/sql.md):
 --
--- (filled in section by section below)
+-- 1. Every grant is a key update (lease_token_key UNIQUE (token)): a grant
+--    in a savepoint after a top-level FOR KEY SHARE let older snapshots
+--    commit under the superseded token (break 1;
+--    TestGrantInASavepointAfterARowLockFailsOlderSnapshots, TestInterleavings).
+-- 2. Epochs that see restores: a data-only reload into the same database and
+--    a base backup started without recovery start a new epoch; the counter
+--    moves only at a crash restart; fence.token_budget() (breaks 2 and 3;
+--    TestDataOnlyReloadIntoTheSameDatabaseStartsANewEpoch,
+--    TestBaseBackupStartedWithoutRecoveryAfterAPrimaryCrash,
+--    TestPromotionDoesNotMoveTheCounter).
+-- 3. Refusals in read-only transactions are counted (break 4;
+--    TestRefusalsCountWritesThatTurnedReadOnlyOn).
+-- 4. Generated guard functions are bounded by the triggers that use them
+--    (break 5; TestGuardFunctionsAreBoundedByTheTriggersThatUseThem).
+-- 6. fence.acquire grants a released or expired lease in one UPDATE (issue
+--    29's grant).
 
 -- ---------------------------------------------------------------------------
 -- 1. The grant and the check (issue 31, break 1)
