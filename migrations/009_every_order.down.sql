@@ -217,7 +217,7 @@ DROP FUNCTION fence._rows9_triggers(regclass, text, regprocedure, name, text, na
 DROP FUNCTION fence._rows9_function(regclass, name, name);
 DROP FUNCTION fence._rows9_source(name, name);
 DROP FUNCTION fence._rows_kids();
-DROP FUNCTION fence._rows_slow(text, bigint, text, oid, boolean);
+DROP FUNCTION fence._rows_slow(text, bigint, text, oid, boolean, boolean);
 DROP FUNCTION fence._lock_check(text, bigint);
 
 -- ---------------------------------------------------------------------------

@@ -112,10 +112,19 @@ COMMENT ON CONSTRAINT lease_token_key ON fence.lease IS 'pgfence: makes every gr
 
 -- Locks the lease row of res (FOR KEY SHARE) and says whether tok is its
 -- token: true (the fast path), false or NULL (no lease row, or tok NULL).
+-- PL/pgSQL, not SQL: PostgreSQL before 18 plans a SQL function's query
+-- again in every transaction, where PL/pgSQL keeps its plan.
 CREATE FUNCTION fence._lock_check(res text, tok bigint) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT x.token OPERATOR(pg_catalog.=) tok FROM fence.lease x WHERE x.resource OPERATOR(pg_catalog.=) res FOR KEY SHARE $$;
+AS $$
+DECLARE
+    ok boolean;
+BEGIN
+    SELECT x.token = tok INTO ok FROM fence.lease x WHERE x.resource = res FOR KEY SHARE;
+    RETURN ok;
+END
+$$;
 
 -- The per-row guard's slow path: the acting role, a NULL resource, the
 -- producer's path, a missing token (FN002), and the full check with its
@@ -139,7 +148,7 @@ AS $$ SELECT x.token OPERATOR(pg_catalog.=) tok FROM fence.lease x WHERE x.resou
 -- gates count against the transaction's budget of 64 (fence._gates, shared
 -- with 008's guards), so a transaction creates rows of at most 64 new
 -- resources this way; past it, FN002.
-CREATE FUNCTION fence._rows_slow(res text, tok bigint, op text, rel oid, producers boolean) RETURNS void
+CREATE FUNCTION fence._rows_slow(res text, tok bigint, op text, rel oid, producers boolean, old_row boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -150,7 +159,12 @@ BEGIN
     IF CURRENT_USER <> fence._acting_role() THEN
         PERFORM fence._acting_role_check(rel);
     END IF;
-    IF res IS NULL THEN
+    IF res IS NULL AND NOT old_row THEN
+        -- before the NOT NULL constraint would say it (a later BEFORE
+        -- trigger could still change the row)
+        RAISE EXCEPTION 'pgfence: a row of % has no resource: its resource column is NULL', rel::regclass
+            USING ERRCODE = '23502', HINT = 'every row of a per-row table names its resource';
+    ELSIF res IS NULL THEN
         PERFORM fence._refuse('FN003', format('pgfence: a row of %s has no resource: its resource column is NULL', rel::regclass),
             'resource=NULL', 'declare the resource column NOT NULL');
     END IF;
@@ -238,7 +252,7 @@ $s$
         res := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
         tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
         IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-            PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, false);
+            PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, false, true);
         END IF;
         RETURN OLD;
     END IF;
@@ -263,16 +277,16 @@ $s$
         END,
 $s$
     IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, TG_NARGS OPERATOR(pg_catalog.>) 3);
+        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, TG_NARGS OPERATOR(pg_catalog.>) 3, false);
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         -- a row moved to another resource needs the old one's token too
         -- (registered with fence.use_token)
         was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
-        IF was IS DISTINCT FROM res THEN
+        IF (was OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
             tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
             IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false);
+                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
             END IF;
         END IF;
     END IF;
@@ -340,6 +354,11 @@ BEGIN
     END IF;
     EXECUTE format('CREATE TRIGGER "~fence_rows_2_kids" BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._rows_kids(%L, %L, %L)',
                    qn, pre, tc, rcol);
+    -- Never fires: it makes the columns a dependency of a trigger, so that
+    -- ALTER COLUMN ... TYPE (which would change the resource names the
+    -- guard computes) is refused while the table is protected.
+    EXECUTE format('CREATE TRIGGER "~fence_rows_3_cols" AFTER UPDATE OF %s ON %s FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION fence._rows_kids(%L, %L, %L)',
+                   concat_ws(', ', quote_ident(rcol), quote_ident(tcol)), qn, pre, tc, rcol);
     EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._rows_truncate(%L, %L, %L)',
                    qn, pre, tc, rcol);
     IF always THEN
@@ -521,7 +540,7 @@ BEGIN
         fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
         fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
         fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
-        fence._lock_check(text, bigint), fence._rows_slow(text, bigint, text, oid, boolean), fence._rows_kids(),
+        fence._lock_check(text, bigint), fence._rows_slow(text, bigint, text, oid, boolean, boolean), fence._rows_kids(),
         fence._rows9_source(name, name), fence._rows9_function(regclass, name, name),
         fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean), fence.allow_producers(regclass, boolean),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
