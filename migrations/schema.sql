@@ -1220,15 +1220,14 @@ $s$
     IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
         PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, TG_NARGS OPERATOR(pg_catalog.>) 3, false);
     END IF;
-    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
-        -- a row moved to another resource needs the old one's token too
-        -- (registered with fence.use_token)
+    -- a row moved to another resource needs the old one's token too
+    -- (registered with fence.use_token)
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE'
+       AND ((TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
         was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
-        IF (was OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
-            tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
-            IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
-            END IF;
+        tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
+        IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+            PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
         END IF;
     END IF;
     RETURN NEW;
@@ -1309,11 +1308,10 @@ $function$;
 CREATE OR REPLACE FUNCTION fence._rows_kids()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
-    IF EXISTS (SELECT FROM pg_inherits i WHERE i.inhparent = TG_RELID) THEN
-        RAISE EXCEPTION 'pgfence: per-row protected table % has inheritance children', TG_RELID::regclass
+    IF EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID) THEN
+        RAISE EXCEPTION 'pgfence: per-row protected table % has inheritance children', TG_RELID::pg_catalog.regclass
             USING ERRCODE = '42809',
                   HINT = 'the guard does not see the children''s rows as they are written: drop the children (or ALTER TABLE ... NO INHERIT), or fence.unprotect the table';
     END IF;
