@@ -207,7 +207,7 @@ DECLARE
 BEGIN
     FOR fn IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
                WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_rows_[0-9a-f]{32}$'
-                 AND pg_catalog.obj_description(p.oid, 'pg_proc') LIKE '%fence._rows9_source(%' LOOP
+                 AND pg_catalog.obj_description(p.oid, 'pg_proc') ~ 'fence\._rows9_(mark_)?source\(' LOOP
         EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
     END LOOP;
 END
@@ -216,6 +216,7 @@ DROP FUNCTION fence.allow_producers(regclass, boolean);
 DROP FUNCTION fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean);
 DROP FUNCTION fence._rows9_function(regclass, name, name);
 DROP FUNCTION fence._rows9_source(name, name);
+DROP FUNCTION fence._rows9_mark_source(name, name);
 DROP FUNCTION fence._rows_kids();
 DROP FUNCTION fence._rows_slow(text, bigint, text, oid, boolean, boolean);
 DROP FUNCTION fence._lock_check(text, bigint);

@@ -219,37 +219,67 @@ BEGIN
 END
 $$;
 
--- The body of a per-row guard (the mark trigger for a token column, and the
--- row trigger). Trigger arguments: prefix, token column ('' for none),
+-- The bodies of a per-row guard: the row trigger's (fence._rows9_source)
+-- and, with a token column, the mark trigger's (fence._rows9_mark_source),
+-- in functions of their own so that each call evaluates only what its path
+-- needs (in PL/pgSQL every expression costs about 4 k instructions in a new
+-- transaction). Trigger arguments: prefix, token column ('' for none),
 -- resource column, and 'producers' when fence.allow_producers is on.
 CREATE FUNCTION fence._rows9_source(rcol name, tcol name) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $f$
-    SELECT pg_catalog.format(pg_catalog.concat(
+    SELECT pg_catalog.format(CASE WHEN tcol IS NOT NULL THEN
 $s$
 DECLARE
     res pg_catalog.text;
     tok pg_catalog.int8;
     was pg_catalog.text;
 BEGIN
-$s$,
-        CASE WHEN tcol IS NOT NULL THEN
-$s$
-    IF TG_NAME OPERATOR(pg_catalog.=) '~fence_guard_0_mark' THEN
-        -- A foreign-key action's assignment of the row's own value is
-        -- not a presentation (as in fence._guard_source).
-        IF NEW.%2$I OPERATOR(pg_catalog.=) OLD.%2$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
-            RETURN NEW;
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+        IF NEW.%2$I OPERATOR(pg_catalog.<) 0 AND (OLD.%2$I IS NULL OR NEW.%2$I OPERATOR(pg_catalog.<>) OLD.%2$I) THEN
+            NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;  -- presented (marked by the mark trigger)
+        ELSE
+            NEW.%2$I := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
         END IF;
-        IF NEW.%2$I OPERATOR(pg_catalog.<=) 0 THEN
-            PERFORM fence.check((TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C", NEW.%2$I);
+        IF fence._lock_check(res, NEW.%2$I) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+            PERFORM fence._rows_slow(res, NEW.%2$I, TG_OP, TG_RELID, false, false);
         END IF;
-        NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+        -- a row moved to another resource needs the old one's token too
+        -- (registered with fence.use_token)
+        IF ((TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
+            was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+            tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
+            IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
+            END IF;
+        END IF;
+        RETURN NEW;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+        res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+        IF NEW.%2$I IS NULL THEN
+            NEW.%2$I := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+        END IF;
+        IF fence._lock_check(res, NEW.%2$I) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+            PERFORM fence._rows_slow(res, NEW.%2$I, TG_OP, TG_RELID, TG_NARGS OPERATOR(pg_catalog.>) 3, false);
+        END IF;
         RETURN NEW;
     END IF;
+    res := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+    tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, false, true);
+    END IF;
+    RETURN OLD;
+END
 $s$
-        END,
+        ELSE
 $s$
+DECLARE
+    res pg_catalog.text;
+    tok pg_catalog.int8;
+    was pg_catalog.text;
+BEGIN
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         res := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
         tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
@@ -259,41 +289,51 @@ $s$
         RETURN OLD;
     END IF;
     res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
-$s$,
-        CASE WHEN tcol IS NOT NULL THEN
-$s$
-    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
-        tok := NEW.%2$I;
-    ELSIF NEW.%2$I OPERATOR(pg_catalog.<) 0 AND (OLD.%2$I IS NULL OR NEW.%2$I OPERATOR(pg_catalog.<>) OLD.%2$I) THEN
-        tok := OPERATOR(pg_catalog.-) NEW.%2$I;  -- presented (marked by the mark trigger)
-    END IF;
-    IF tok IS NULL THEN
-        tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
-    END IF;
-    NEW.%2$I := tok;
-$s$
-        ELSE
-$s$
     tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
-$s$
-        END,
-$s$
     IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, TG_NARGS OPERATOR(pg_catalog.>) 3, false);
+        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, TG_OP OPERATOR(pg_catalog.=) 'INSERT' AND TG_NARGS OPERATOR(pg_catalog.>) 3, false);
     END IF;
-    -- a row moved to another resource needs the old one's token too
-    -- (registered with fence.use_token)
-    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE'
-       AND ((TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
-        was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
-        tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
-        IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
-            PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        -- a row moved to another resource needs the old one's token too
+        -- (registered with fence.use_token)
+        IF ((TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
+            was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+            tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
+            IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
+            END IF;
         END IF;
     END IF;
     RETURN NEW;
 END
-$s$), rcol, tcol)
+$s$
+        END, rcol, tcol)
+$f$;
+
+-- The mark trigger's body (BEFORE UPDATE OF the token column): a token
+-- assigned in the statement is presented, and marked by its sign for the
+-- row trigger; a foreign-key action's assignment of the row's own value is
+-- not a presentation (as in fence._guard_source).
+CREATE FUNCTION fence._rows9_mark_source(rcol name, tcol name) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $f$
+    SELECT CASE WHEN tcol IS NOT NULL THEN pg_catalog.format($s$
+BEGIN
+    IF NEW.%2$I OPERATOR(pg_catalog.>) 0
+       AND (NEW.%2$I OPERATOR(pg_catalog.<>) OLD.%2$I OR OLD.%2$I IS NULL OR pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.=) 1) THEN
+        NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+        RETURN NEW;
+    END IF;
+    IF NEW.%2$I OPERATOR(pg_catalog.=) OLD.%2$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.%2$I OPERATOR(pg_catalog.<=) 0 THEN
+        PERFORM fence.check((TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C", NEW.%2$I);
+    END IF;
+    NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+    RETURN NEW;
+END
+$s$, rcol, tcol) END
 $f$;
 
 -- As fence._rows_function, with the body of fence._rows9_source under a
@@ -304,28 +344,36 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    fname text := '_rows_' || md5(format('9:%I,%s', rcol, coalesce(quote_ident(tcol), '')));
+    g     record;
     fn    regprocedure;
     rl    name;
 BEGIN
     PERFORM fence._guard_maker(tbl);
     PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
-    PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
-    fn := to_regprocedure(format('fence.%I()', fname));
-    EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._rows9_source(rcol, tcol));
-    IF fn IS NULL THEN
-        EXECUTE format('COMMENT ON FUNCTION fence.%I() IS %L', fname,
-                       format('pgfence guard of per-row tables whose resource column is %I and token column %s (body: fence._rows9_source(%L, %L))',
-                              rcol, coalesce(quote_ident(tcol), 'none'), rcol, tcol));
-        EXECUTE format('REVOKE ALL ON FUNCTION fence.%I() FROM PUBLIC', fname);
-        fn := format('fence.%I()', fname)::regprocedure;
-        FOR rl IN SELECT r.rolname FROM pg_roles r, pg_proc p, aclexplode(p.proacl) x
-                   WHERE p.oid = 'fence.protect_rows(regclass, name, text, name)'::regprocedure
-                     AND x.grantee = r.oid AND x.privilege_type = 'EXECUTE' LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, rl);
-        END LOOP;
-    END IF;
-    RETURN fn;
+    FOR g IN SELECT v.k, '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), ''))) AS fname,
+                    CASE v.k WHEN '9' THEN fence._rows9_source(rcol, tcol) ELSE fence._rows9_mark_source(rcol, tcol) END AS src,
+                    CASE v.k WHEN '9' THEN 'guard' ELSE 'mark trigger' END AS what,
+                    CASE v.k WHEN '9' THEN '_rows9_source' ELSE '_rows9_mark_source' END AS body
+               FROM (VALUES ('9'), ('9m')) v(k)
+              WHERE v.k = '9' OR tcol IS NOT NULL
+              ORDER BY v.k DESC LOOP
+        PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || g.fname));
+        fn := to_regprocedure(format('fence.%I()', g.fname));
+        EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', g.fname, g.src);
+        IF fn IS NULL THEN
+            EXECUTE format('COMMENT ON FUNCTION fence.%I() IS %L', g.fname,
+                           format('pgfence %s of per-row tables whose resource column is %I and token column %s (body: fence.%s(%L, %L))',
+                                  g.what, rcol, coalesce(quote_ident(tcol), 'none'), g.body, rcol, tcol));
+            EXECUTE format('REVOKE ALL ON FUNCTION fence.%I() FROM PUBLIC', g.fname);
+            fn := format('fence.%I()', g.fname)::regprocedure;
+            FOR rl IN SELECT r.rolname FROM pg_roles r, pg_proc p, aclexplode(p.proacl) x
+                       WHERE p.oid = 'fence.protect_rows(regclass, name, text, name)'::regprocedure
+                         AND x.grantee = r.oid AND x.privilege_type = 'EXECUTE' LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, rl);
+            END LOOP;
+        END IF;
+    END LOOP;
+    RETURN format('fence.%I()', '_rows_' || md5(format('9:%I,%s', rcol, coalesce(quote_ident(tcol), ''))))::regprocedure;
 END
 $$;
 
@@ -343,8 +391,8 @@ BEGIN
                          AND t.tgname IN (SELECT fence._guard_triggers(tbl)));
     PERFORM fence._drop_guards(tbl, qn);
     IF tcol IS NOT NULL THEN
-        EXECUTE format('CREATE TRIGGER "~fence_guard_0_mark" BEFORE UPDATE OF %I ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L)',
-                       tcol, qn, fn::regproc, pre, tc, rcol);
+        EXECUTE format('CREATE TRIGGER "~fence_guard_0_mark" BEFORE UPDATE OF %I ON %s FOR EACH ROW EXECUTE FUNCTION fence.%I(%L, %L, %L)',
+                       tcol, qn, '_rows_' || md5(format('9m:%I,%s', rcol, quote_ident(tcol))), pre, tc, rcol);
     END IF;
     IF producers THEN
         EXECUTE format('CREATE TRIGGER "~fence_guard_1_row" BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L, %L)',
@@ -542,7 +590,7 @@ BEGIN
         fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
         fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
         fence._lock_check(text, bigint), fence._rows_slow(text, bigint, text, oid, boolean, boolean), fence._rows_kids(),
-        fence._rows9_source(name, name), fence._rows9_function(regclass, name, name),
+        fence._rows9_source(name, name), fence._rows9_mark_source(name, name), fence._rows9_function(regclass, name, name),
         fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean), fence.allow_producers(regclass, boolean),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
         fence.try_xact_lock(text), fence.version() TO %I', role);
