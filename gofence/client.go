@@ -42,7 +42,10 @@ type Config struct {
 	SafetyMargin time.Duration
 
 	// RetryInterval is the pause between attempts of a renewal or release
-	// that failed with a transient error. Default min(1s, RenewInterval/4).
+	// that failed with a transient error. Four of them are also the
+	// shortest bound of one attempt (see the package doc: an attempt on a
+	// connection gone silent is cut off, and the next one takes another
+	// connection). Default min(1s, RenewInterval/4).
 	RetryInterval time.Duration
 
 	// PollInterval is how often a waiting Acquire (LeaseOptions.Wait) asks
@@ -56,12 +59,14 @@ type Config struct {
 	DisableNotify bool
 
 	// ReleaseOnClose makes Close release every lease the client still holds,
-	// as etcd's Session.Close revokes its lease: nothing keeps renewing after
-	// Close, and the next holder need not wait for a TTL. Default false:
-	// leases belong to the caller and outlive Close (they keep renewing until
-	// released or lost), which a program that hands a token to another
-	// process needs (pgfence acquire prints the token and exits, leaving the
-	// lease held for its TTL).
+	// as etcd's Session.Close revokes its lease, so the next holder need not
+	// wait for a TTL. Default false: Close stops renewing the leases it
+	// does not release (nothing of a Client runs after Close) and ends them
+	// here (ErrLost, reason client_closed), but leaves a TTL lease live on
+	// the server until its expiry, which a program that hands a token to
+	// another process needs (pgfence acquire prints the token and exits,
+	// leaving the lease held for its TTL); a session lease's session is
+	// closed, which ends it on the server.
 	ReleaseOnClose bool
 
 	// Logger receives what the package notices on its own, in the
@@ -252,10 +257,12 @@ func (c *Client) Config() Config { return c.cfg }
 // Config.ReleaseOnClose, Close then releases every lease the client still
 // holds, under ctx too: they end with ErrReleased, and one whose release
 // cannot reach the server in time stops renewing and ends on the server at
-// its TTL (Close's error names it). Without ReleaseOnClose, leases already
-// granted are the caller's: they keep renewing until released or lost
-// (release them first, or use Do or Elect, which release). Last, Close
-// stops the background listener. Pass a ctx with a deadline: Close waits
+// its TTL (Close's error names it). Every lease Close does not release
+// stops renewing and ends (ErrLost, reason client_closed): a TTL lease
+// stays live on the server until its expiry (release it first, or use Do
+// or Elect, which release), a session lease's session is closed. Last,
+// Close stops the background listener: once Close returned (in time), no
+// goroutine of the Client runs. Pass a ctx with a deadline: Close waits
 // for nothing else. Close is idempotent; its error is nil when everything
 // it waited for ended in time.
 func (c *Client) Close(ctx context.Context) error {
@@ -286,6 +293,18 @@ func (c *Client) Close(ctx context.Context) error {
 				mu.Unlock()
 			}
 		})
+	}
+	wg.Wait()
+	// Nothing of the client runs after Close: the leases it did not
+	// release stop renewing, and end here.
+	c.mu.Lock()
+	var left []*Lease
+	for l := range c.leases {
+		left = append(left, l)
+	}
+	c.mu.Unlock()
+	for _, l := range left {
+		wg.Go(func() { l.stopAtClose(ctx) })
 	}
 	wg.Wait()
 	if n != nil {

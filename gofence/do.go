@@ -39,7 +39,11 @@ func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error)
 	released := false
 	release := func() {
 		stop()
-		lost = l.Err() // before Release turns it into ErrReleased
+		// Before Release turns it into ErrReleased; a lease that Close
+		// released (ReleaseOnClose) is a step-down, not a loss.
+		if err := l.Err(); errors.Is(err, ErrLost) {
+			lost = err
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.t.ttl)
 		defer cancel()
 		if rerr := l.Release(rctx); rerr != nil {
@@ -75,7 +79,10 @@ func (l *Lease) run(ctx context.Context, fn func(context.Context, *Lease) error)
 // back when it comes. When fn returns on its own (nil or an error), Elect
 // steps down and returns fn's result. A campaign that fails (a grant that
 // came back after its trust deadline, which is given back without running
-// fn, or an error of the database) is tried again after PollInterval. The
+// fn, or an error of the database) is tried again after PollInterval. When
+// Client.Close ends the term (it releases the lease with ReleaseOnClose, or
+// else stops renewing it), Elect steps down (the LeadershipEvent's Err is
+// nil) and returns ErrClosed, joined with fn's error if any. The
 // lease's token is the leader's term: terms strictly increase.
 func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn func(ctx context.Context, lease *Lease) error) error {
 	var o LeaseOptions
@@ -108,11 +115,24 @@ func (c *Client) Elect(ctx context.Context, name string, opts *LeaseOptions, fn 
 		term := time.Now()
 		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Leading: true, Since: campaign, Duration: term.Sub(campaign)})
 		lost, err := l.run(ctx, fn)
-		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Since: term, Duration: time.Since(term), Err: lost})
+		// Close ended the term (released the lease with ReleaseOnClose, or
+		// stopped renewing it): a step-down, not a loss, and a closed client
+		// campaigns no more.
+		closed := l.closedByClient.Load()
+		ended := lost
+		if closed {
+			ended = nil
+		}
+		c.observe(ctx, &LeadershipEvent{Name: name, Holder: l.Holder(), Term: l.Token(), Since: term, Duration: time.Since(term), Err: ended})
 		campaign = time.Now()
 		switch {
 		case ctx.Err() != nil:
 			return context.Cause(ctx)
+		case closed:
+			if err != nil {
+				return fmt.Errorf("%w (%w)", ErrClosed, err)
+			}
+			return ErrClosed
 		case lost != nil:
 			c.log.Warn("pgfence: leadership lost, campaigning again", "name", name, "term", l.Token())
 			continue

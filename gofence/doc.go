@@ -48,10 +48,33 @@
 //   - Transient errors (broken connections, timeouts, a restarting server)
 //     never end a lease on their own: renewals are retried every
 //     RetryInterval until the trust deadline. A renewal that the server
-//     answers with "not your lease" ends it at once.
+//     answers with "not your lease" ends it at once, and so does a write
+//     refused with FN001 (stale token) inside Tx, UseToken or Do: the
+//     server has granted a newer token (loss reason "refused").
+//   - Every attempt that can meet a connection gone silent (a NAT timeout,
+//     a dropped route, a failover: the connection stays open and nothing
+//     answers) has a bound of its own, so that the retry goes out on
+//     another connection in time. A renewal's attempt gets a third of the
+//     time left before the trust deadline, but at least four
+//     RetryIntervals, and never more than is left; a grant, the read of the
+//     holder after it, and a release get that much of the whole trust
+//     window (TTL - SafetyMargin) plus 2s (the default fence.grant_wait, for
+//     a grant that the server holds while a previous holder's guarded
+//     transaction ends); a session lease's check gets RenewInterval/2, at
+//     least 250ms. pgx closes a connection whose call its context cut off,
+//     and the pool then drops it, so the next attempt takes another one. A
+//     grant cut off that way may have been granted on the server: that lease
+//     is nobody's and ends at its TTL.
 //   - Release is idempotent and safe to retry: fence.release only ends the
 //     lease that carries this lease's token, so a retry after a lost reply
-//     (or a late copy of the first attempt) never ends a newer holder's lease.
+//     (or a late copy of the first attempt) never ends a newer holder's
+//     lease. It returns nil only when the server ended the lease or it was
+//     already gone there; one that could not reach the server says so every
+//     time it is called, until one does. A session lease whose session does
+//     not answer is asked about over the pool: Release (and Close with
+//     ReleaseOnClose) say, naming it, when the server still has it live.
+//   - A session lease's session is checked every RenewInterval/2: a session
+//     that the server ended is noticed within RenewInterval.
 //
 // # Lease states
 //
@@ -67,15 +90,20 @@
 //	                     v
 //	                   lost (Err: ErrLost; Done closed; Context cancelled)
 //
-// A lost lease stays lost; Release after loss returns nil. Release is
+// A lost lease stays lost; Release after loss returns nil (it tells the
+// server once, best effort). Release is
 // bounded by its context, also while another Release of the same lease is
 // still trying. Client.Close waits (as long as its context allows) for the
 // acquires in flight, so that none grants a lease after Close returned; a
 // grant that comes back during Close is given back. With
 // Config.ReleaseOnClose, Client.Close then
-// releases every lease still held (they end with ErrReleased), so a closed
-// client leaves nothing that renews itself; by default leases are the
-// caller's and outlive Close.
+// releases every lease still held (they end with ErrReleased; a leader
+// under Elect steps down, and Elect returns ErrClosed). Every lease Close
+// does not release stops renewing and ends with ErrLost (reason
+// client_closed): a TTL lease stays live on the server until its expiry
+// (a token handed to another process stays valid that long), a session
+// lease's session is closed. After Close returned, nothing of the Client
+// runs.
 //
 // # What a paused process can and cannot know
 //
@@ -144,7 +172,11 @@
 // waiter tries again, since notifications sent meanwhile are lost. A waiter
 // for a session lease waits the same way, but mostly by polling:
 // fence.acquire_session has no way to ask the holder's release for a
-// notification.
+// notification. Behind a connection pooler (the backend that answers is
+// not the one announced at connect) the Client does not LISTEN at all: in
+// transaction mode the channel would stay on a pooled server connection
+// and its notifications reach other clients; its waiters poll every
+// PollInterval (jittered), and when the held lease expires.
 //
 // # Fenced transactions
 //
@@ -186,6 +218,25 @@
 // grant of this candidate is on its way (it is given back when it comes).
 // Who leads now is Client.LeaseOf(name) with Live true: there is no
 // separate call for it.
+//
+// # When the primary changes
+//
+// Give the pool every node of a highly available cluster with
+// target_session_attrs=read-write (and a connect_timeout), and the Client
+// follows the primary: its connections to the old one fail, and new ones
+// find the new one. Nothing else is needed, and nothing hangs: across a
+// failover a held lease cannot renew anywhere, so it is lost at its trust
+// deadline (Done, Err matching ErrLost), before the new primary can grant
+// it to anyone if the new primary received the lease's last renewal (when
+// asynchronous replication lost that renewal, only if the failover took
+// longer than the TTL: the database still refuses the old holder's
+// writes). Its later writes fail with ErrStaleToken or ErrUnknownToken,
+// and ErrLost. A waiter
+// keeps asking and is granted on the new primary, with a token of a new
+// epoch, once the old lease has expired there by the server's clock; Elect
+// loses its term and is elected again with a larger one.
+// TestPatroniGofenceAcrossFailover (the integration suite) runs it through
+// Patroni; docs/ha.md has the settings and the figures.
 //
 // # Observing
 //

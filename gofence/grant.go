@@ -29,11 +29,19 @@ type grantReply struct {
 // its TTL runs out. Such an abandoned request waits at most
 // abandonedGrantWait for its reply, and less when Close stops waiting. k
 // ends (k.done) when the abandoned request is over; otherwise the caller
-// owns k and the token of the reply.
-func (c *Client) grant(ctx context.Context, k call, resource string, send func(context.Context, sqlfuncs.DB) (int64, bool, error)) (grantReply, error) {
+// owns k and the token of the reply. The request itself waits at most
+// bound (leaseTimings.grantBound): a connection that does not answer by
+// then is dropped (attempt), and the error says so, so that a waiter's
+// next try goes out on another one; a grant that reached the server on the
+// dropped connection is nobody's and ends at its TTL.
+func (c *Client) grant(ctx context.Context, k call, resource string, bound time.Duration, send func(context.Context, sqlfuncs.DB) (int64, bool, error)) (grantReply, error) {
 	// No connection, no request: waiting for one ends with ctx (or Close).
+	// The pool may ping an idle connection first: bounded as the request is.
 	cctx, cancel := k.bound(ctx)
-	pc, err := c.pool.Acquire(cctx)
+	pctx, pcancel := attempt(cctx, bound)
+	pc, err := c.pool.Acquire(pctx)
+	err = cutOff(cctx, pctx, err)
+	pcancel()
 	cancel()
 	switch {
 	case err == nil:
@@ -50,14 +58,19 @@ func (c *Client) grant(ctx context.Context, k call, resource string, send func(c
 	}
 	answers := make(chan answer) // unbuffered: whoever takes the answer owns it
 	abandoned := make(chan struct{})
-	gctx, gcancel := context.WithCancel(context.WithoutCancel(ctx))
+	detached := context.WithoutCancel(ctx)
+	actx, acancel := attempt(detached, bound)
+	gctx, gcancel := context.WithCancel(actx)
 	stopOnClose := context.AfterFunc(k.stop, gcancel)
 	go func() {
 		defer stopOnClose()
+		defer acancel()
 		a := answer{r: grantReply{sentAt: time.Now()}}
 		a.r.token, a.r.ok, a.err = send(gctx, pc)
 		if a.err != nil && k.stop.Err() != nil {
 			a.err = fmt.Errorf("%w: Close stopped waiting for the server's answer: %w", ErrClosed, a.err)
+		} else {
+			a.err = cutOff(detached, actx, a.err)
 		}
 		gcancel()
 		pc.Release()

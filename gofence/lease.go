@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +47,10 @@ type Lease struct {
 	// allows.
 	releasing chan struct{}
 	released  bool // the server confirmed the release (or the session is gone); guarded by releasing
+
+	// closedByClient: Client.Close ended the lease (released it, or
+	// stopped renewing it), not its holder.
+	closedByClient atomic.Bool
 }
 
 // Acquire takes a lease on resource, as opts says (nil: a TTL lease under
@@ -110,7 +115,7 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t l
 	if waiting {
 		grant = sqlfuncs.AcquireWaiting
 	}
-	r, err := c.grant(ctx, k, resource, func(ctx context.Context, db sqlfuncs.DB) (int64, bool, error) {
+	r, err := c.grant(ctx, k, resource, t.callBound(), func(ctx context.Context, db sqlfuncs.DB) (int64, bool, error) {
 		return grant(ctx, db, resource, t.holder, t.ttl)
 	})
 	if err != nil || !r.ok {
@@ -118,7 +123,7 @@ func (c *Client) acquire(ctx context.Context, resource string, waiting bool, t l
 		if err != nil {
 			return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
 		}
-		return nil, c.heldError(ctx, resource)
+		return nil, c.heldError(ctx, resource, t)
 	}
 	// The trust deadline counts from the moment the request was sent: the
 	// server reads its clock later than that, so its expiry is later too.
@@ -169,7 +174,7 @@ func (c *Client) acquireSession(ctx context.Context, resource string, t leaseTim
 		if err != nil {
 			return nil, fmt.Errorf("pgfence: acquiring %s: %w", resource, err)
 		}
-		return nil, c.heldError(ctx, resource)
+		return nil, c.heldError(ctx, resource, t)
 	}
 	if err := c.refusePooledSession(ctx, conn, resource, tok); err != nil {
 		closeConn(conn)
@@ -181,7 +186,7 @@ func (c *Client) acquireSession(ctx context.Context, resource string, t leaseTim
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
-	go l.keepalive(time.Now())
+	go l.keepalive(time.Now().Add(-l.t.renew / 2)) // first check after RenewInterval/2
 	return l, nil
 }
 
@@ -201,10 +206,12 @@ func (c *Client) newLease(resource string, token int64, session *pgx.Conn, t lea
 // row says nobody holds it live, the grant gave up waiting for an open
 // guarded transaction of the previous holder (fence.grant_wait), or the
 // lease ended between the grant and the read: the resource is busy, not
-// held.
-func (c *Client) heldError(ctx context.Context, resource string) error {
-	row, ok, err := sqlfuncs.GetLease(ctx, c.pool, resource)
-	if err != nil {
+// held. The read is one attempt, bounded as a grant is.
+func (c *Client) heldError(ctx context.Context, resource string, t leaseTimings) error {
+	actx, cancel := attempt(ctx, t.callBound())
+	defer cancel()
+	row, ok, err := sqlfuncs.GetLease(actx, c.pool, resource)
+	if err = cutOff(ctx, actx, err); err != nil {
 		return fmt.Errorf("pgfence: %s is held, and reading its holder failed: %w", resource, err)
 	}
 	if !ok || !row.Live {
@@ -364,8 +371,11 @@ func (l *Lease) keepalive(lastSent time.Time) {
 		case <-timer.C:
 		}
 		if l.session != nil {
+			// Checked every RenewInterval/2, each check bounded by as much:
+			// a session that ended (or went silent) is noticed within
+			// RenewInterval.
 			l.checkSession()
-			timer.Reset(l.t.renew)
+			timer.Reset(l.t.renew / 2)
 			continue
 		}
 		sent, err := l.renewUntilDeadline()
@@ -449,7 +459,9 @@ func (l *Lease) renewOnce(ctx context.Context) (time.Time, error) {
 // renewBefore sends one renewal bounded by deadline; retry is true when the
 // call ran into deadline and a later deadline has been set since.
 func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.Time, retry bool, err error) {
-	rctx, cancel := context.WithDeadline(ctx, deadline)
+	// One attempt, bounded (attempt.go): a renewal on a connection that went
+	// silent is cut off while there is time left to send another.
+	rctx, cancel := attempt(ctx, l.t.attemptBound(time.Until(deadline)))
 	defer cancel()
 	sent = time.Now()
 	exp, ok, err := sqlfuncs.Renew(rctx, l.c.pool, l.resource, l.token, l.t.ttl)
@@ -458,7 +470,10 @@ func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.
 			return sent, false, err // the caller's ctx, or a failure of its own
 		}
 		if !l.trustDeadlineIsPast() {
-			return sent, true, err
+			if l.TrustDeadline().After(deadline) {
+				return sent, true, err // another renewal moved the deadline meanwhile
+			}
+			return sent, false, cutOff(ctx, rctx, err) // retried after RetryInterval
 		}
 		// The trust deadline passed while the renewal was in flight: the
 		// lease is lost, whichever of this call and the loss timer notices
@@ -494,9 +509,12 @@ func (l *Lease) renewBefore(ctx context.Context, deadline time.Time) (sent time.
 }
 
 // checkSession pings the dedicated connection of a session lease; a broken
-// connection means the server has ended (or will end) the lease.
+// connection means the server has ended (or will end) the lease, and one
+// that does not answer within sessionCheckBound (RenewInterval/2, at least
+// 250ms) cannot prove that it still holds it: the lease is lost either way
+// (fail closed).
 func (l *Lease) checkSession() {
-	ctx, cancel := context.WithTimeout(l.ctx, l.t.renew)
+	ctx, cancel := attempt(l.ctx, l.t.sessionCheckBound())
 	defer cancel()
 	if err := l.session.Ping(ctx); err != nil && l.ctx.Err() == nil {
 		l.lose(LossSessionEnded, "the session holding the lease failed", err)
@@ -508,7 +526,10 @@ func (l *Lease) checkSession() {
 // returns an error matching ErrLost once the lease is lost, and ErrReleased
 // after Release. It never waits past the trust deadline: a renewal held up
 // until then loses the lease, unless another renewal moved the deadline
-// meanwhile, in which case it is sent again under the new one.
+// meanwhile, in which case it is sent again under the new one. Each
+// attempt is bounded (a third of the time left, at least four
+// RetryIntervals): one cut off is sent again on another connection after
+// RetryInterval.
 func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
@@ -516,15 +537,29 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.session != nil {
 		return nil // a session lease has nothing to renew
 	}
-	deadline, start := l.TrustDeadline(), time.Now()
-	_, err := l.renewOnce(ctx)
-	switch {
-	case err == nil:
-		l.renewed(RenewOK, deadline, start, nil)
-	case errors.Is(l.Err(), ErrLost):
-		l.renewed(RenewLost, deadline, start, err)
-	case ctx.Err() == nil && l.Err() == nil: // not the caller's giving up, nor a Release
-		l.renewed(RenewRetry, deadline, start, err)
+	var err error
+	for {
+		deadline, start := l.TrustDeadline(), time.Now()
+		_, err = l.renewOnce(ctx)
+		switch {
+		case err == nil:
+			l.renewed(RenewOK, deadline, start, nil)
+		case errors.Is(l.Err(), ErrLost):
+			l.renewed(RenewLost, deadline, start, err)
+		case ctx.Err() == nil && l.Err() == nil: // not the caller's giving up, nor a Release
+			l.renewed(RenewRetry, deadline, start, err)
+		}
+		var cut errNoAnswer
+		if err == nil || !errors.As(err, &cut) || ctx.Err() != nil || l.Err() != nil {
+			break
+		}
+		// Cut off by its bound (a silent connection): sent again, on
+		// another connection, until the trust deadline.
+		select {
+		case <-ctx.Done():
+		case <-l.ctx.Done():
+		case <-time.After(l.t.retry):
+		}
 	}
 	if err != nil && l.Err() != nil {
 		return l.Err()
@@ -535,13 +570,25 @@ func (l *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Release ends the lease and stops its keepalive. It is idempotent: a second
-// call returns nil, and so does a call after the lease was lost (it then
-// tells the server once, best effort, and does not wait for an unreachable
-// one). Transient errors are retried until ctx is done, and a retry after a
-// lost reply never touches a newer lease (fence.release only ends the lease
-// that carries this token). When the release cannot reach the server, the
-// lease still ends on the server at its expiry.
+// Release ends the lease and stops its keepalive. It returns nil only
+// when the server ended the lease, or when the lease was already gone
+// there (expired, superseded, revoked, or its session ended); a Release
+// that could not reach the server says so every time it is called, until
+// one reaches it, so that `for lease.Release(ctx) != nil {}` ends with the
+// lease released. From the first call on the lease is no longer held here
+// (Err says ErrReleased) whatever the server answers. A call after the
+// lease was lost returns nil: it tells the server once, best effort, and
+// does not wait for an unreachable one. Transient errors are retried until
+// ctx is done, each attempt bounded as a renewal is (it gives up a silent
+// connection and tries another one), and a retry after a lost reply never
+// touches a newer lease (fence.release only ends the lease that carries
+// this token). When the release cannot reach the server, a TTL lease still
+// ends there at its expiry.
+//
+// A session lease is released on its own session. When that session does
+// not answer, Release asks the server over the pool whether the lease is
+// still live: nil when it is not, else an error that names the lease and
+// says that it lives on the server until that session ends.
 //
 // A Release that finds another Release of the lease still trying waits for
 // it only as long as ctx allows, and then returns an error that says so.
@@ -566,7 +613,9 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 	if l.released {
 		return nil
 	}
-	lostBefore := l.Err() != nil
+	// Lost (not ended by an earlier Release of ours, which failed and is
+	// being retried now).
+	lostBefore := errors.Is(l.Err(), ErrLost)
 	defer func() {
 		l.c.observe(ctx, &ReleaseEvent{
 			Resource: l.resource, Holder: l.t.holder, Token: l.token, Kind: l.kind(),
@@ -584,6 +633,9 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 	case <-ctx.Done():
 	}
 	if cause := fmt.Errorf("%w: %s", ErrReleased, l.resource); l.ctx.Err() == nil {
+		if reason == LossClientClosed {
+			l.closedByClient.Store(true)
+		}
 		l.cancel(cause)
 		if context.Cause(l.ctx) == cause { // not lost meanwhile
 			l.ended(ctx, reason)
@@ -608,16 +660,28 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 	if l.session != nil {
 		db = l.session
 	}
+	bound := l.t.callBound()
 	for {
-		_, err := sqlfuncs.Release(ctx, db, l.resource, l.token)
-		if err == nil || (l.session != nil && l.session.IsClosed()) {
-			// Released, or the session (and with it the lease) is gone. A
-			// false answer means the lease had already ended: also done.
-			l.released = true
-			if l.session != nil {
-				closeConn(l.session)
+		var err error
+		if l.session == nil || !l.session.IsClosed() {
+			actx, cancel := attempt(ctx, bound)
+			_, err = sqlfuncs.Release(actx, db, l.resource, l.token)
+			err = cutOff(ctx, actx, err)
+			cancel()
+			if err == nil {
+				// Released; a false answer means the lease had already
+				// ended: done either way.
+				l.released = true
+				if l.session != nil {
+					closeConn(l.session)
+				}
+				return nil
 			}
-			return nil
+		}
+		if l.session != nil && l.session.IsClosed() {
+			// The session broke, or did not answer and was dropped here:
+			// only the server can say whether it still holds the lease.
+			return l.confirmSessionEnded(ctx, bound, err)
 		}
 		if !transient(err) || ctx.Err() != nil {
 			return fmt.Errorf("pgfence: releasing %s (it ends on its own at expiry): %w", l.resource, err)
@@ -628,6 +692,76 @@ func (l *Lease) release(ctx context.Context, reason LossReason) (err error) {
 		case <-time.After(l.t.retry):
 		}
 	}
+}
+
+// stopAtClose ends a lease that Client.Close does not release: its
+// keepalive stops (Close waits for it as long as ctx allows), and the lease
+// is lost here with reason client_closed. A TTL lease stays live on the
+// server until its expiry (so a program can hand its token to another
+// process); a session lease's session is closed, which ends it there.
+func (l *Lease) stopAtClose(ctx context.Context) {
+	l.mu.Lock()
+	if l.lossTimer != nil {
+		l.lossTimer.Stop()
+	}
+	l.mu.Unlock()
+	l.renewCancel()
+	select {
+	case <-l.keepaliveDone:
+	case <-ctx.Done():
+	}
+	if l.ctx.Err() == nil {
+		l.closedByClient.Store(true)
+	}
+	if l.session == nil {
+		l.lose(LossClientClosed, "the client was closed: the lease is no longer renewed, and stays live on the server until its expiry (release it before Close, or set Config.ReleaseOnClose, to end it there)", nil)
+		return
+	}
+	l.lose(LossClientClosed, "the client was closed: the session holding the lease is closed, which ends it on the server", nil)
+	select {
+	case <-l.keepaliveDone:
+	default:
+		return // its check still runs (ctx ended first): it closes the session when it fails
+	}
+	select { // a Release of the caller may be using the session
+	case l.releasing <- struct{}{}:
+		if !l.released {
+			closeConn(l.session)
+			l.released = true
+		}
+		<-l.releasing
+	case <-ctx.Done():
+	}
+}
+
+// confirmSessionEnded asks the server, over the pool, whether the session
+// lease l is still live, after its own session broke or went silent
+// (sessionErr, when a release on it failed): nil when it is not (the
+// server ended the session, and with it the lease), else an error that
+// names the lease. The caller holds l.releasing.
+func (l *Lease) confirmSessionEnded(ctx context.Context, bound time.Duration, sessionErr error) error {
+	actx, cancel := attempt(ctx, bound)
+	defer cancel()
+	row, ok, err := sqlfuncs.GetLease(actx, l.c.pool, l.resource)
+	if err = cutOff(ctx, actx, err); err != nil {
+		return fmt.Errorf("pgfence: releasing %s (session lease, token %d): its session is gone here, and asking the server whether the lease ended failed: %w",
+			l.resource, l.token, errors.Join(sessionErr, err))
+	}
+	if !ok || row.Token != l.token || !row.Live {
+		l.released = true
+		return nil
+	}
+	return fmt.Errorf("pgfence: releasing %s (session lease, token %d): its session (backend pid %d) did not answer, and the server still has the lease live: it ends when the server ends that session (pg_terminate_backend, or TCP keepalive): %w",
+		l.resource, l.token, row.SessionPID, cmpErr(sessionErr))
+}
+
+// cmpErr is err, or a placeholder when there is none, so that no message
+// ends in an empty segment.
+func cmpErr(err error) error {
+	if err == nil {
+		return errors.New("the session's connection was closed")
+	}
+	return err
 }
 
 func closeConn(conn *pgx.Conn) {

@@ -604,16 +604,27 @@ func TestClose(t *testing.T) {
 		require.NoError(t, c.Close(b.ctx)) // idempotent
 	})
 
-	t.Run("by default the leases outlive Close", func(t *testing.T) {
+	// By default Close stops renewing (nothing of the client runs after
+	// it): a TTL lease stays live on the server until its expiry, for a
+	// token handed to another process, and then ends. (Leases used to keep
+	// renewing after Close: a 1s lease was still live 2.5s later.)
+	t.Run("by default Close stops renewing the leases", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet})
+		r := &recorder{}
+		c, err := gofence.New(b.db.Pool, &gofence.Config{Logger: quiet, TTL: time.Second, Observer: r})
 		require.NoError(t, err)
 		l, err := c.Acquire(b.ctx, "job", nil)
 		require.NoError(t, err)
 		require.NoError(t, c.Close(b.ctx))
-		require.NoError(t, l.Err())
-		require.True(t, b.serverLive(t, "job"))
+		require.ErrorIs(t, l.Err(), gofence.ErrLost)
+		require.ErrorContains(t, l.Err(), "the client was closed")
+		require.True(t, b.serverLive(t, "job"), "not released: live until its expiry")
+		losses := eventsOf[*gofence.LossEvent](r)
+		require.Len(t, losses, 1)
+		require.Equal(t, gofence.LossClientClosed, losses[0].Reason)
+		time.Sleep(2500 * time.Millisecond)
+		require.False(t, b.serverLive(t, "job"), "renewed after Close")
 		require.NoError(t, l.Release(b.ctx))
 	})
 

@@ -31,6 +31,15 @@ import (
 // keyed on that table, distinct from an application's own migrations) and it
 // does not close pool.
 //
+// It reads first: on a kit that is already at the latest version it
+// returns nil without asking golang-migrate for anything, so an application
+// role (which may not create golang-migrate's table, or even read it) can
+// call it at start-up once the kit's owner has migrated. On a kit installed
+// without golang-migrate (fence.version() answers but
+// fence_schema_migrations does not exist) and older than the latest
+// version, it returns an error matching ErrVersionNotRecorded and changes
+// nothing: Baseline records the installed version first.
+//
 // Every migration function is bounded by ctx and hands back every connection
 // it took from pool, also when it fails (an owner without CREATE on the
 // schema of the version table, an application role). When ctx ends during a
@@ -38,21 +47,153 @@ import (
 // (each file is one transaction) and golang-migrate's table records it
 // dirty; ForceMigrationVersion to the previous version, then Migrate again.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	r, err := readRecord(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if !r.tableExists {
+		switch {
+		case r.installed == migrations.Latest:
+			return nil // up to date, however it was installed
+		case r.installed > 0:
+			return r.notRecorded()
+		}
+		return withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Up() })
+	}
+	if v, dirty, err := MigrationVersion(ctx, pool); err == nil && v == migrations.Latest && !dirty {
+		return nil
+	}
 	return withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Up() })
 }
 
 // MigrateTo migrates up or down to version (0 removes the kit; see
-// migrations/*.down.sql, which refuses while tables are protected).
+// migrations/*.down.sql, which refuses while tables are protected). On a
+// kit installed without golang-migrate it returns an error matching
+// ErrVersionNotRecorded and changes nothing (see Baseline).
 func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version uint) error {
+	if err := refuseUnrecorded(ctx, pool); err != nil {
+		return err
+	}
 	if version == 0 {
 		return withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Down() })
 	}
 	return withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Migrate(version) })
 }
 
-// MigrateSteps applies n migrations up (n > 0) or down (n < 0).
+// MigrateSteps applies n migrations up (n > 0) or down (n < 0). On a kit
+// installed without golang-migrate it returns an error matching
+// ErrVersionNotRecorded and changes nothing (see Baseline).
 func MigrateSteps(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	if err := refuseUnrecorded(ctx, pool); err != nil {
+		return err
+	}
 	return withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Steps(n) })
+}
+
+// ErrVersionNotRecorded: schema fence is installed (fence.version()
+// answers) but golang-migrate's version table fence_schema_migrations does
+// not exist in the role's current schema, as after the kit's files were
+// applied by psql or copied into another migration tool. golang-migrate
+// would take such a database for an empty one, create its table at version
+// 0 and fail on the first file ("schema fence already exists"), leaving it
+// dirty. Migrate (below the latest version), MigrateTo, MigrateSteps and
+// ForceMigrationVersion return it before creating anything; Baseline (or
+// `pgfence migrate baseline`) records the installed version.
+var ErrVersionNotRecorded = errors.New("pgfence: schema fence is installed but its version is not recorded in " + migrations.Table)
+
+// Baseline records the version of a kit that was installed without
+// golang-migrate (ErrVersionNotRecorded): it creates fence_schema_migrations
+// in the role's current schema and records there, clean, the version that
+// fence.version() reports, running no migration. Migrate, the CLI and the
+// upstream migrate CLI then go on from that version. It returns the version
+// recorded.
+//
+// When the table exists already and records that same version clean,
+// Baseline changes nothing and returns it. Any other record (another
+// version, dirty) is refused, as is a database without the kit or with a
+// kit newer than this package: ForceMigrationVersion is the tool for a
+// record known to be wrong. Run it as the kit's owner, with CREATE on the
+// schema of the version table.
+func Baseline(ctx context.Context, pool *pgxpool.Pool) (uint, error) {
+	r, err := readRecord(ctx, pool)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case r.installed == 0:
+		return 0, errors.New("pgfence: schema fence is not installed, so there is no version to record: run Migrate (pgfence migrate up) to install it")
+	case r.installed > migrations.Latest:
+		return 0, fmt.Errorf("pgfence: fence.version() says %d, newer than this package's migrations (%d): record it with a build that carries them; nothing was changed", r.installed, migrations.Latest)
+	}
+	if r.tableExists {
+		v, dirty, err := MigrationVersion(ctx, pool)
+		if err != nil {
+			return 0, err
+		}
+		if v == r.installed && !dirty {
+			return v, nil
+		}
+		return 0, fmt.Errorf("pgfence: %s.%s already records version %d%s while fence.version() says %d: Baseline only records a kit installed without golang-migrate; if the record is wrong, repair it with ForceMigrationVersion (pgfence migrate force VERSION); nothing was changed",
+			r.schema, migrations.Table, v, map[bool]string{true: " (dirty)"}[dirty], r.installed)
+	}
+	err = withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Force(int(r.installed)) })
+	if err != nil {
+		return 0, err
+	}
+	return r.installed, nil
+}
+
+// record is what the database says about the kit's version before
+// golang-migrate is asked for anything.
+type record struct {
+	installed   uint   // fence.version(); 0 when schema fence is missing
+	schema      string // where golang-migrate keeps its table for this role
+	tableExists bool   // its table is there (whether or not this role may read it)
+}
+
+// readRecord reads the record, writing nothing. When schema fence exists
+// but its version cannot be read and no version table exists, it cannot
+// tell a copied install from anything else, and says so.
+func readRecord(ctx context.Context, pool *pgxpool.Pool) (record, error) {
+	var r record
+	var err error
+	r.schema, r.tableExists, err = sqlfuncs.VersionTable(ctx, pool, migrations.Table)
+	if err != nil {
+		return r, fmt.Errorf("pgfence: looking for the version table %s: %w", migrations.Table, err)
+	}
+	v, err := sqlfuncs.Version(ctx, pool)
+	switch {
+	case errors.Is(err, ErrNotInstalled):
+	case err != nil && !r.tableExists:
+		return r, fmt.Errorf("pgfence: schema fence exists, but this role can call neither fence.version() nor find %s in schema %q, so its version is unknown: migrate as the kit's owner; nothing was changed: %w", migrations.Table, r.schema, err)
+	case err == nil && v > 0:
+		r.installed = uint(v)
+	}
+	return r, nil
+}
+
+// notRecorded is the ErrVersionNotRecorded of r, with the fix.
+func (r record) notRecorded() error {
+	where := "no schema on this role's search_path"
+	if r.schema != "" {
+		where = fmt.Sprintf("schema %s has no table %s", r.schema, migrations.Table)
+	}
+	return fmt.Errorf("%w: fence.version() says %d and %s (the kit's files were applied without golang-migrate); as the kit's owner, record version %d with `pgfence migrate baseline` (gofence.Baseline), then migrate; nothing was changed",
+		ErrVersionNotRecorded, r.installed, where, r.installed)
+}
+
+// refuseUnrecorded returns the ErrVersionNotRecorded of a kit installed
+// without golang-migrate, before a changing call lets golang-migrate create
+// an empty version table.
+func refuseUnrecorded(ctx context.Context, pool *pgxpool.Pool) error {
+	r, err := readRecord(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if !r.tableExists && r.installed > 0 {
+		return r.notRecorded()
+	}
+	return nil
 }
 
 // MigrationVersion reports the installed version and whether a migration
@@ -105,8 +246,13 @@ func cannotReadRecord(err error) bool {
 
 // ForceMigrationVersion records version as applied and clean without running
 // anything: the way out of a dirty state once the database was repaired by
-// hand. -1 records "no version".
+// hand. -1 records "no version". On a kit installed without golang-migrate
+// it returns an error matching ErrVersionNotRecorded and creates nothing:
+// Baseline records the version fence.version() reports.
 func ForceMigrationVersion(ctx context.Context, pool *pgxpool.Pool, version int) error {
+	if err := refuseUnrecorded(ctx, pool); err != nil {
+		return err
+	}
 	return withMigrate(ctx, pool, func(m *migrate.Migrate) error { return m.Force(version) })
 }
 
@@ -326,11 +472,21 @@ func (mc *migrateConn) discard() {
 func unwrapMigrate(err error) error {
 	var dbErr database.Error
 	if errors.As(err, &dbErr) && dbErr.OrigErr != nil {
-		return fmt.Errorf("%s: %w", dbErr.Err, dbErr.OrigErr)
+		return withWhat(dbErr.Err, dbErr.OrigErr)
 	}
 	var dbErrP *database.Error
 	if errors.As(err, &dbErrP) && dbErrP.OrigErr != nil {
-		return fmt.Errorf("%s: %w", dbErrP.Err, dbErrP.OrigErr)
+		return withWhat(dbErrP.Err, dbErrP.OrigErr)
 	}
 	return err
+}
+
+// withWhat prefixes err with golang-migrate's description of what failed,
+// which is often empty (a failed query carries only the query): an empty
+// description adds nothing, so no message has an empty ": :" segment.
+func withWhat(what string, err error) error {
+	if what == "" {
+		return fmt.Errorf("%w", err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }

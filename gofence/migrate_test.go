@@ -472,11 +472,37 @@ func TestMigrationCallsAsLimitedRolesHandEveryConnectionBack(t *testing.T) {
 			})
 			require.NoError(t, err)
 		}
+		// Issue 27 item 11: the README's first example calls Migrate with
+		// the application's pool. On an up-to-date kit there is nothing to
+		// do, so nothing to be refused (it failed with "permission denied
+		// for schema public", golang-migrate creating its table).
 		for range 3 {
 			err := returns(t, ctx, func() error { return gofence.Migrate(ctx, pool) })
-			require.Error(t, err, "an application role cannot migrate")
+			require.NoError(t, err, "an up-to-date kit needs nothing of an application role")
 		}
 		requireAllConnsFree(t, pool)
+	})
+
+	t.Run("application role on an older kit", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		app := pgtest.NewRole(t, "app")
+		db := pgtest.Empty(t)
+		require.NoError(t, gofence.MigrateTo(ctx, db.Pool, migrations.Latest-1))
+		require.NoError(t, sqlfuncs.GrantUsage(ctx, db.Pool, app, false))
+		_, err := db.Pool.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`) // the default before PostgreSQL 15
+		require.NoError(t, err)
+		pool := limitedPool(t, db, app)
+		for range 3 {
+			err := returns(t, ctx, func() error { return gofence.Migrate(ctx, pool) })
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(err, &pgErr), "an application role cannot migrate: %v", err)
+			require.Equal(t, "42501", pgErr.Code, "%v", err)
+			require.NotContains(t, err.Error(), ": :", "no empty segment in the message")
+		}
+		requireAllConnsFree(t, pool)
+		requireVersion(t, ctx, db.Pool, migrations.Latest-1)
 	})
 }
 

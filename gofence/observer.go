@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -247,7 +249,10 @@ const (
 	// LossReleased: its holder released it (Release, or Do and Elect when
 	// fn returned). The one reason that is not a loss of the lease.
 	LossReleased LossReason = "released"
-	// LossClientClosed: Client.Close released it (Config.ReleaseOnClose).
+	// LossClientClosed: Client.Close ended it: released it
+	// (Config.ReleaseOnClose; ErrReleased), or stopped renewing it (the
+	// default; ErrLost: a TTL lease stays live on the server until its
+	// expiry, a session lease's session is closed).
 	LossClientClosed LossReason = "client_closed"
 	// LossDeadlinePassed: no renewal succeeded before the local trust
 	// deadline (the server unreachable or slow, the process paused), or a
@@ -263,6 +268,10 @@ const (
 	// LossRenewFailed: a renewal failed with an error that retrying cannot
 	// fix (a missing privilege, for example).
 	LossRenewFailed LossReason = "renew_failed"
+	// LossRefused: a write under its token was refused with FN001 (stale
+	// token) inside Tx, UseToken or Do: the server has granted a newer
+	// token, so the lease ends at once.
+	LossRefused LossReason = "refused"
 )
 
 // LossEvent reports the end of a lease: every lease that an AcquireEvent
@@ -426,6 +435,22 @@ func refusalCode(err error) string {
 	return ""
 }
 
+// loseStale ends, at once, the lease of s that a stale-token refusal (err,
+// FN001) names in its DETAIL ("resource=R token=T ..."): the server has a
+// newer grant of R, so the lease is lost whatever its next renewal would
+// say.
+func (s leaseSet) loseStale(err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return
+	}
+	for _, l := range s {
+		if strings.HasPrefix(pgErr.Detail, "resource="+l.resource+" token="+strconv.FormatInt(l.token, 10)+" ") {
+			l.lose(LossRefused, "a write under its token was refused (FN001): the server has granted a newer token", nil)
+		}
+	}
+}
+
 // reportedRefusal marks an error whose refusal was reported already (by
 // Tx or UseToken), so that Do does not report it again. It changes nothing
 // else: its message and everything it wraps are err's.
@@ -444,6 +469,9 @@ func (s leaseSet) refused(ctx context.Context, op string, err error) error {
 	var done *reportedRefusal
 	if errors.As(err, &done) {
 		return err // a Tx inside a Tx's fn: seen already
+	}
+	if code == sqlfuncs.CodeStaleToken {
+		s.loseStale(err)
 	}
 	resources, tokens := s.tokens()
 	e := &RefusalEvent{SQLState: code, Op: op, Resources: resources, Tokens: tokens, Err: err}

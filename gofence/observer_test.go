@@ -49,11 +49,19 @@ func eventsOf[T gofence.Event](r *recorder) []T {
 	return out
 }
 
-// observed is a client of b whose events r records.
+// observed is a client of b whose events r records. A failed test prints
+// them, so that a failure seen once in a loaded run says what happened.
 func (b *bundle) observed(t *testing.T, cfg gofence.Config) (*gofence.Client, *recorder) {
 	t.Helper()
 	r := &recorder{}
 	cfg.Observer = r
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, e := range r.all() {
+				t.Logf("event %d: %s %+v", i, e.Type(), e)
+			}
+		}
+	})
 	return b.client(t, nil, cfg), r
 }
 

@@ -309,3 +309,34 @@ func TestPoolerStatementCache(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// A waiting Acquire through a transaction-mode pooler does not LISTEN
+// (PgBouncer's server connections would keep the channel, and its
+// notifications would reach the pool's other clients): no server
+// connection of the pooler listens while it waits, and it is granted the
+// lease by polling. (It used to LISTEN on a pooled server connection, which
+// kept fence_release in pg_listening_channels.)
+func TestNoListenBehindAPooler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pb := pgtest.NewPgBouncer(t, b.db.URL)
+	holder := b.client(t, nil, gofence.Config{Holder: "B"})
+	held, err := holder.Acquire(b.ctx, "job", nil)
+	require.NoError(t, err)
+	waiter := b.client(t, pooledPool(t, b, pb, "exec"), gofence.Config{Holder: "A", PollInterval: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, "job", &gofence.LeaseOptions{Wait: true})
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(time.Second) // the listener, if any, has started by now
+	require.Empty(t, pb.ServerListens(t, b.db.URL), "a server connection of the pooler listens")
+	require.NoError(t, held.Release(b.ctx))
+	require.NoError(t, <-got)
+	require.Empty(t, pb.ServerListens(t, b.db.URL))
+}

@@ -3,6 +3,7 @@ package gofence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -87,6 +88,7 @@ type notifier struct {
 	subs    map[string]map[chan struct{}]struct{}
 	running bool
 	closed  bool
+	pooled  bool // the pool goes through a connection pooler: no LISTEN, waiters poll
 	stop    context.CancelFunc
 	done    chan struct{}
 }
@@ -99,7 +101,7 @@ func (n *notifier) subscribe(resource string) (<-chan struct{}, func()) {
 		n.subs[resource] = map[chan struct{}]struct{}{}
 	}
 	n.subs[resource][ch] = struct{}{}
-	if !n.running && !n.closed {
+	if !n.running && !n.closed && !n.pooled {
 		ctx, stop := context.WithCancel(context.Background())
 		n.running, n.stop, n.done = true, stop, make(chan struct{})
 		go n.run(ctx)
@@ -138,6 +140,14 @@ func (n *notifier) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errBehindPooler) {
+			n.c.log.Info("pgfence: the pool goes through a connection pooler: no LISTEN (behind a transaction-mode pooler it would stay on a pooled server connection, and its notifications reach other clients); waiters poll every PollInterval",
+				"detail", err.Error())
+			n.mu.Lock()
+			n.pooled, n.running = true, false
+			n.mu.Unlock()
+			return
+		}
 		n.c.log.Info("pgfence: notification listener stopped; waiters fall back to polling until it reconnects",
 			"error", errString(err), "retry_in", backoff)
 		select {
@@ -157,6 +167,15 @@ func (n *notifier) listen(ctx context.Context) error {
 	}
 	conn := pc.Hijack()
 	defer closeConn(conn)
+	// Behind a pooler (the backend that answers is not the one announced
+	// at connect, as refusePooledSession tells) LISTEN is not used.
+	pid, err := sqlfuncs.BackendPID(ctx, execMode{conn})
+	if err != nil {
+		return err
+	}
+	if pid != conn.PgConn().PID() {
+		return fmt.Errorf("%w (backend %d, announced %d)", errBehindPooler, pid, conn.PgConn().PID())
+	}
 	if err := sqlfuncs.Listen(ctx, conn); err != nil {
 		return err
 	}
@@ -180,6 +199,10 @@ func (n *notifier) close() {
 		<-done
 	}
 }
+
+// errBehindPooler: the notifier's connection goes through a connection
+// pooler; the notifier then stops for good, and waiters poll.
+var errBehindPooler = errors.New("the connection goes through a connection pooler")
 
 func errString(err error) string {
 	if err == nil {

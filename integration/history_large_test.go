@@ -307,6 +307,13 @@ func (wk *worker) holdMany(ctx context.Context, ls []lease) {
 	defer wk.setHeld(nil)
 	lost, zombie := false, false
 	rounds := 2 + wk.rng.IntN(8)
+	// The control (tables unguarded) forces the interleaving it exists to
+	// catch instead of hoping for it: until one of them commits, a
+	// worker's hold sleeps past the TTL (round 0), renews and finds its
+	// leases lost (round 1), acquires them again (a newer token, its own or
+	// another worker's), and a stale copy then updates rows with the old
+	// tokens in the token column, after that newer grant.
+	force := wk.w.unguarded && !wk.forcedStale
 	for i := 0; i < rounds && ctx.Err() == nil && len(ls) > 0; i++ {
 		if wk.conn == nil {
 			if !wk.connect(ctx) {
@@ -317,7 +324,11 @@ func (wk *worker) holdMany(ctx context.Context, ls []lease) {
 				return
 			}
 		}
-		switch r := wk.rng.IntN(20); {
+		r := wk.rng.IntN(20)
+		if force && i < 2 {
+			r = []int{0, 2}[i] // sleep past the TTL, then renew
+		}
+		switch {
 		case r < 2:
 			wk.sleep(ctx, wk.w.ttl+time.Duration(wk.rng.Int64N(int64(2*wk.w.ttl))))
 		case r < 12:
@@ -329,14 +340,22 @@ func (wk *worker) holdMany(ctx context.Context, ls []lease) {
 					old := ls
 					ls = wk.reacquire(ctx, ls, kept)
 					wk.setHeld(ls)
-					if wk.rng.IntN(3) == 0 && wk.conn != nil {
+					if (force || wk.rng.IntN(3) == 0) && wk.conn != nil {
 						// ... but a stale copy of it (a retry, a forked
 						// process) writes once more with the old tokens
 						wk.h.zombie.Add(1)
-						wk.writeRows(ctx, old)
+						wk.columnOnly = force
+						e := wk.writeRows(ctx, old)
+						wk.columnOnly = false
+						if force && e.out == outOK {
+							wk.forcedStale = true
+						}
 					}
 				}
 			}
+		}
+		if force && i >= 1 {
+			force = false // this hold is done forcing; the next one tries again unless it committed
 		}
 		if wk.conn == nil || len(ls) == 0 {
 			continue
@@ -500,6 +519,9 @@ func (rt *rowTx) largeStatement(ctx context.Context) (string, int, error) {
 	}
 	if r >= 16 && len(rt.ls) < 2 {
 		r = 0 // a move needs two resources
+	}
+	if rt.columnOnly {
+		r = 0
 	}
 	switch {
 	case r < 5: // update, token column

@@ -162,10 +162,13 @@ var errNothingWritten = errors.New("nothing written")
 
 // rowTx is one guarded transaction of a per-row run in progress.
 type rowTx struct {
-	wk   *worker
-	tx   pgx.Tx
-	txid int64
-	ls   []lease
+	wk *worker
+	// columnOnly: every statement is a large update that presents its
+	// tokens in the token column only (worker.columnOnly).
+	columnOnly bool
+	tx         pgx.Tx
+	txid       int64
+	ls         []lease
 	// presented is the token the transaction presented per resource index:
 	// registered with fence.use_token, or assigned to the token column of a
 	// row it wrote; registered says which were registered.
@@ -375,7 +378,7 @@ func (rt *rowTx) statement(ctx context.Context) (string, int, error) {
 // longer than the TTL between them, and last the log row with the tokens
 // it presented and the commit-order number.
 func (wk *worker) writeRows(ctx context.Context, ls []lease) event {
-	rt := &rowTx{wk: wk, txid: wk.h.txid.Add(1), ls: ls, presented: map[int]int64{}, registered: map[int]bool{}, tokOf: map[int]int64{}}
+	rt := &rowTx{wk: wk, columnOnly: wk.columnOnly, txid: wk.h.txid.Add(1), ls: ls, presented: map[int]int64{}, registered: map[int]bool{}, tokOf: map[int]int64{}}
 	for _, l := range ls {
 		rt.tokOf[l.j] = l.tok
 	}
@@ -417,7 +420,7 @@ func (wk *worker) writeRows(ctx context.Context, ls []lease) event {
 			var rows int
 			var err error
 			before := len(rt.presented)
-			if wk.w.large && (rt.smallOnly || wk.rng.IntN(3) != 0) {
+			if wk.w.large && (rt.smallOnly || rt.columnOnly || wk.rng.IntN(3) != 0) {
 				kind, rows, err = rt.largeStatement(ctx)
 			} else {
 				kind, rows, err = rt.statement(ctx)

@@ -5,7 +5,22 @@
 -- What changes, each with the test that failed on 008 (the proofs are in
 -- docs/design.md; the reference in docs/sql.md):
 --
--- (filled in section by section below)
+-- 1. Every grant is a key update (lease_token_key UNIQUE (token)): a grant
+--    in a savepoint after a top-level FOR KEY SHARE let older snapshots
+--    commit under the superseded token (break 1;
+--    TestGrantInASavepointAfterARowLockFailsOlderSnapshots, TestInterleavings).
+-- 2. Epochs that see restores: a data-only reload into the same database and
+--    a base backup started without recovery start a new epoch; the counter
+--    moves only at a crash restart; fence.token_budget() (breaks 2 and 3;
+--    TestDataOnlyReloadIntoTheSameDatabaseStartsANewEpoch,
+--    TestBaseBackupStartedWithoutRecoveryAfterAPrimaryCrash,
+--    TestPromotionDoesNotMoveTheCounter).
+-- 3. Refusals in read-only transactions are counted (break 4;
+--    TestRefusalsCountWritesThatTurnedReadOnlyOn).
+-- 4. Generated guard functions are bounded by the triggers that use them
+--    (break 5; TestGuardFunctionsAreBoundedByTheTriggersThatUseThem).
+-- 6. fence.acquire grants a released or expired lease in one UPDATE (issue
+--    29's grant).
 
 -- ---------------------------------------------------------------------------
 -- 1. The grant and the check (issue 31, break 1)
@@ -71,14 +86,533 @@ COMMENT ON CONSTRAINT lease_token_key ON fence.lease IS 'pgfence: makes every gr
 -- 2. Epochs: restores and the counter's budget (issue 31, breaks 2 and 3;
 --    issue 32)
 -- ---------------------------------------------------------------------------
+--
+-- Three changes to the epoch machinery of 006-008 (docs/design.md, "Why an
+-- epoch, and where it comes from", "Restores the kit can see"):
+--
+-- a. A data-only reload into the same database (break 3) brought back
+--    exactly the fence.origin row that says "home", so the next grant kept
+--    the dump's epoch and the counter the dump's setval put back. The row
+--    now names the transaction that wrote it twice: kit_xact, set by the
+--    kit, and row_xact, a generated column that PostgreSQL computes from
+--    the writing transaction whenever the row is inserted (COPY and INSERT
+--    of a dump included; neither can supply it; an UPDATE leaves it). A reloaded row carries the
+--    dump's kit_xact and the loader's row_xact, and is not at home. The
+--    cache row gets the same pair, so that a reloaded cache row (pg_restore
+--    --disable-triggers keeps the origin trigger from emptying it) is never
+--    trusted (TestDataOnlyReloadIntoTheSameDatabaseStartsANewEpoch).
+-- b. A base backup started without recovery (no recovery.signal) after its
+--    primary crashed and kept granting (break 2) moved its counter 2^32
+--    ahead from a lower value into the range the primary granted from after
+--    its own crash. PostgreSQL renames the backup's backup_label to
+--    backup_label.old when it starts from it; fence.origin records the
+--    digest of that file (fence._backup_label()), and a server on the same
+--    timeline whose file differs is not at home: its first grant starts a
+--    new epoch. The file is read only where the kit's owner may execute
+--    pg_read_file (superusers may); elsewhere the digest is unknown (NULL)
+--    and such a restore takes the documented step DELETE FROM fence.origin
+--    (fence.token_budget() says which: reads_backup_label)
+--    (TestBaseBackupStartedWithoutRecoveryAfterAPrimaryCrash).
+-- c. The counter moves 2^32 ahead only when the cache is empty and the
+--    epoch stays what the state says (a crash restart): a grant that moves
+--    to a new epoch (a promotion, a restore) is above every token of the
+--    old one whatever its counter, and spends no move of the counter's
+--    2047 (TestPromotionDoesNotMoveTheCounter). A move that would leave the
+--    counter no room raises SQLSTATE 54000 instead of granting; and
+--    fence.token_budget() says what is left of the epochs and the counter.
+
+-- The top-level transaction id of the transaction running now. Declared
+-- IMMUTABLE although it is not: a generated column must be, and this is
+-- what makes fence.origin.row_xact and fence.epoch_cache.row_xact name the
+-- transaction that stored the row, whoever stored it. Internal: for those
+-- two columns only.
+CREATE FUNCTION fence._row_xact() RETURNS xid8
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT pg_catalog.pg_current_xact_id() $$;
+
+-- The md5 of this server's backup_label.old, which PostgreSQL leaves in the
+-- data directory of a server started from a base backup; '' when there is none; NULL when the role it runs as (the
+-- kit's owner: it is called from fence._epoch and fence.token_budget) may
+-- not execute pg_read_file (a non-superuser owner without GRANT EXECUTE ON
+-- FUNCTION pg_read_file(text, bigint, bigint, boolean)), so the kit cannot
+-- know.
+CREATE FUNCTION fence._backup_label() RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT pg_catalog.has_function_privilege('pg_catalog.pg_read_file(pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.bool)', 'EXECUTE') THEN
+        RETURN NULL;
+    END IF;
+    RETURN COALESCE(pg_catalog.md5(pg_catalog.pg_read_file('backup_label.old', 0, 1048576, true)), '');
+END
+$$;
+
+-- The cache first: a file that was empty (no grant since the last crash
+-- recovery) must stay empty, so that the next grant still moves the counter;
+-- a file that was not must not become empty (the rewrite of ADD COLUMN ...
+-- STORED keeps no dead row), or the upgrade would spend a move.
+DO $$
+DECLARE
+    had boolean := pg_catalog.pg_relation_size('fence.epoch_cache'::pg_catalog.regclass) > 0;
+BEGIN
+    ALTER TABLE fence.epoch_cache
+        ADD COLUMN kit_xact xid8,
+        ADD COLUMN row_xact xid8 GENERATED ALWAYS AS (fence._row_xact()) STORED;
+    DELETE FROM fence.epoch_cache;
+    IF had THEN
+        INSERT INTO fence.epoch_cache (system_identifier, datoid, relid, timeline, base) VALUES (0, 0, 0, 0, 0);
+        DELETE FROM fence.epoch_cache;
+    END IF;
+END
+$$;
+
+ALTER TABLE fence.origin
+    ADD COLUMN kit_xact xid8,
+    ADD COLUMN row_xact xid8 GENERATED ALWAYS AS (fence._row_xact()) STORED,
+    ADD COLUMN backup_label text;
+-- Upgrading writes the current database as home, as 007 did: a reload or a
+-- base backup started before the upgrade and never told apart cannot be
+-- told apart now either.
+-- (Stored again, not updated: an UPDATE does not recompute a generated
+-- column that depends on no column.)
+WITH old AS (DELETE FROM fence.origin RETURNING datoid, system_identifier)
+INSERT INTO fence.origin (datoid, system_identifier, kit_xact, backup_label)
+SELECT old.datoid, old.system_identifier, pg_catalog.pg_current_xact_id(), fence._backup_label() FROM old;
+
+-- As in 008, and the row must have been written by the kit in the
+-- transaction that stored it (kit_xact = row_xact).
+CREATE OR REPLACE FUNCTION fence._cache_epoch(c fence.epoch_cache) RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT CASE WHEN c.system_identifier OPERATOR(pg_catalog.=) fence._system_identifier()
+                 AND c.datoid OPERATOR(pg_catalog.=) fence._database_oid()
+                 AND c.relid OPERATOR(pg_catalog.=) 'fence.epoch_state'::pg_catalog.regclass::pg_catalog.oid
+                 AND c.timeline OPERATOR(pg_catalog.=) fence._timeline()
+                 AND c.kit_xact OPERATOR(pg_catalog.=) c.row_xact
+                 AND c.base OPERATOR(pg_catalog.+) c.timeline OPERATOR(pg_catalog.<) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 20)
+                 AND c.base OPERATOR(pg_catalog.+) c.timeline OPERATOR(pg_catalog.>=) pg_catalog.pg_sequence_last_value('fence.epoch_floor'::pg_catalog.regclass)
+           THEN c.base OPERATOR(pg_catalog.+) c.timeline END
+$$;
+
+-- As in 008, with three changes: home also needs fence.origin's row to have
+-- been written by the kit (kit_xact = row_xact) and, on the same timeline,
+-- the digest of backup_label.old it recorded; the origin row is written
+-- with both, and again at a promotion whose digest changed; and the counter
+-- moves only when the epoch stays (a crash restart), never past what a
+-- grant can still use.
+CREATE OR REPLACE FUNCTION fence._epoch() RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    sysid bigint := fence._system_identifier();
+    mydb  oid := fence._database_oid();
+    myrel oid := 'fence.epoch_state'::pg_catalog.regclass::oid;
+    tli   bigint := fence._timeline();
+    label text := fence._backup_label();
+    s     fence.epoch_state;
+    home  boolean;
+    same_label boolean;
+    nbase bigint;
+    floor bigint;
+    last  bigint;
+BEGIN
+    IF NOT EXISTS (SELECT FROM fence.epoch_state) THEN
+        -- First grant of this install, or of a restore that brought lease
+        -- rows but no state: start past every stored token.
+        INSERT INTO fence.epoch_state (system_identifier, relid, timeline, base)
+        VALUES (sysid, myrel, tli, coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0))
+        ON CONFLICT DO NOTHING;
+    END IF;
+    SELECT * INTO s FROM fence.epoch_state FOR UPDATE;
+    -- This transaction's commit is flushed before it returns, whatever
+    -- synchronous_commit is at COMMIT: the counter's move and the new state
+    -- are durable before any token above them is used.
+    TRUNCATE fence.commit_flush;
+    -- At home: exactly one row, written by the kit (the migration, or the
+    -- last restore or promotion below) for this database of this cluster in
+    -- the transaction that stored it; a row reloaded from a dump was stored
+    -- by the loader.
+    SELECT coalesce(count(*) = 1 AND bool_and(o.datoid = mydb AND o.system_identifier = sysid
+                                              AND o.kit_xact = o.row_xact), false),
+           coalesce(count(*) = 1 AND bool_and(o.backup_label IS NOT DISTINCT FROM label), false)
+      INTO home, same_label FROM fence.origin o;
+    IF s.system_identifier = sysid AND s.relid = myrel AND home AND s.timeline < tli THEN
+        nbase := s.base;  -- promotion: the timeline alone moves the epoch up
+        UPDATE fence.epoch_state SET timeline = tli;
+        IF NOT same_label THEN
+            -- a standby made from a base backup: its backup_label.old is
+            -- home from now on
+            DELETE FROM fence.origin;
+            INSERT INTO fence.origin (datoid, system_identifier, kit_xact, backup_label)
+            VALUES (mydb, sysid, pg_catalog.pg_current_xact_id(), label);
+        END IF;
+    ELSIF s.system_identifier <> sysid OR s.relid <> myrel OR NOT home OR s.timeline > tli
+          OR NOT same_label THEN
+        -- a restored copy (another cluster, another database, a template
+        -- copy, a reload, a base backup started on the same timeline) or a
+        -- timeline that went back: move past every epoch this data has seen
+        nbase := greatest(s.base + s.timeline,
+                          coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0));
+        UPDATE fence.epoch_state SET system_identifier = sysid, relid = myrel, timeline = tli, base = nbase;
+        DELETE FROM fence.origin;
+        INSERT INTO fence.origin (datoid, system_identifier, kit_xact, backup_label)
+        VALUES (mydb, sysid, pg_catalog.pg_current_xact_id(), label);
+    ELSE
+        nbase := s.base;  -- just created, or another grant updated it while we waited
+    END IF;
+    floor := pg_catalog.pg_sequence_last_value('fence.epoch_floor'::pg_catalog.regclass);
+    IF nbase + tli < floor THEN
+        nbase := floor - tli;
+        UPDATE fence.epoch_state SET base = nbase;
+    END IF;
+    IF nbase + tli >= (1::bigint << 20) THEN
+        RAISE EXCEPTION 'pgfence: the token epochs are exhausted (epoch % of at most %)', nbase + tli, (1::bigint << 20) - 1
+            USING ERRCODE = '54000',
+                  HINT = 'the token layout allows 2^20 - 1 epochs (promotions and restores) in the life of an install; fence.token_budget() shows what is left; see docs/design.md';
+    END IF;
+    -- An empty cache file: crash recovery (or a promotion, or a restore of
+    -- the files) emptied it, and grants made before may be lost with their
+    -- commits, while their callers hold the tokens. In the same epoch they
+    -- took at most one counter value each, and no crash loses 2^32 of them:
+    -- the counter moves past them all. (setval is not rolled back; a
+    -- rolled-back attempt leaves a dead row in the file, so a retry does
+    -- not move it again.) A new epoch is above every token of the old one,
+    -- whatever the counter: no move.
+    IF pg_catalog.pg_relation_size('fence.epoch_cache'::pg_catalog.regclass) = 0
+       AND nbase + tli <= s.base + s.timeline THEN
+        SELECT c.last_value INTO last FROM fence.token_counter c;
+        IF last >= 8796093022207 - 4294967296 THEN
+            RAISE EXCEPTION 'pgfence: the token counter is exhausted: it cannot move past a crash again (counter %, at most %)', last, 8796093022207
+                USING ERRCODE = '54000',
+                      HINT = 'each crash restart moves the shared counter 2^32 ahead, 2047 times in the life of an install; fence.token_budget() shows what is left; see docs/design.md';
+        END IF;
+        PERFORM pg_catalog.setval('fence.token_counter', last + 4294967296);
+    END IF;
+    DELETE FROM fence.epoch_cache;
+    INSERT INTO fence.epoch_cache (system_identifier, datoid, relid, timeline, base, kit_xact)
+    VALUES (sysid, mydb, myrel, tli, nbase, pg_catalog.pg_current_xact_id());
+    RETURN nbase + tli;
+END
+$$;
+
+-- What is left of the token space (docs/sql.md, "fence.token_budget"),
+-- read-only: the epoch of the stored state and the epochs left after it
+-- (promotions and restores each take one), the counter's last value, the
+-- grants and the crash restarts (moves of 2^32) it has room for, and
+-- whether the kit can see a base backup started without recovery.
+CREATE FUNCTION fence.token_budget(OUT epoch bigint, OUT epochs_left bigint, OUT counter bigint,
+                                   OUT grants_left bigint, OUT counter_moves_left bigint,
+                                   OUT reads_backup_label boolean) RETURNS record
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT e.epoch, (1::int8 << 20) - 1 - e.epoch,
+           k.counter, 8796093022207 - k.counter,
+           greatest(0, (8796093022207 - 1 - k.counter) / 4294967296),
+           fence._backup_label() IS NOT NULL
+      FROM (SELECT coalesce((SELECT s.base + s.timeline FROM fence.epoch_state s), 0) AS epoch) e,
+           (SELECT CASE WHEN c.is_called THEN c.last_value ELSE c.last_value - 1 END AS counter
+              FROM fence.token_counter c) k
+$$;
+COMMENT ON FUNCTION fence.token_budget() IS 'what is left of the token space: the epoch and the epochs left (promotions, restores), the counter, the grants and the crash restarts (counter moves of 2^32) left, and whether the kit can see a base backup started without recovery';
+
+-- As in 008, and fence.token_budget().
+CREATE OR REPLACE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    fn regprocedure;
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'pgfence: role must not be NULL' USING ERRCODE = '22004', HINT = 'pass the name of the application role';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role) THEN
+        RAISE EXCEPTION 'pgfence: role % does not exist', role USING ERRCODE = '42704', HINT = 'create the role first (CREATE ROLE)';
+    END IF;
+    EXECUTE format('GRANT USAGE ON SCHEMA fence TO %I', role);
+    EXECUTE format('GRANT SELECT ON fence.leases, fence.protected, fence.lease, fence.refusals TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval, boolean), fence.acquire_session(text, text),
+        fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
+        fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
+        fence.protect_rows(regclass, name, text, name),
+        fence._guard_row(), fence._guard_stmt(), fence._guard_use_token(), fence._rows_truncate(),
+        fence._registered_token(text, text, oid), fence._check_many(text[], bigint[], text, oid),
+        fence._check_name(text, text), fence._lease_key(text, bigint), fence._gate_key(text), fence._trigger_arg(bytea, integer),
+        fence._guard_function(regclass, name), fence._rows_function(regclass, name, name),
+        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
+        fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
+        fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
+        fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
+        fence.try_xact_lock(text), fence.version(), fence.token_budget() TO %I', role);
+    FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+               WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, role);
+    END LOOP;
+    IF operator THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION fence.revoke(text), fence._raise_floor(bigint) TO %I', role);
+    END IF;
+END
+$$;
 
 -- ---------------------------------------------------------------------------
 -- 3. Refusal counts (issue 31, break 4)
 -- ---------------------------------------------------------------------------
 
+-- A refusal in a read-only transaction is counted too. 008 skipped the
+-- count whenever transaction_read_only was on (nextval fails there and would
+-- replace the refusal's SQLSTATE with its own), and a usage role could turn
+-- it on for one statement (set_config('transaction_read_only', 'on', true)
+-- in the WHERE clause of a stale write): the write was refused and nothing
+-- was counted (break 4; TestRefusalsCountWritesThatTurnedReadOnlyOn).
+-- A read-only transaction cannot write anything a later reader sees, but it
+-- can scan an index, and PostgreSQL's cumulative statistics count index
+-- scans whatever the transaction: so a read-only refusal scans the partial
+-- index of its SQLSTATE on an empty table (seqscan and bitmapscan off, so
+-- the plan is that index scan whatever the planner estimates), and
+-- fence.refusals adds pg_stat_get_numscans of the three indexes to the
+-- sequences. Those counts reach the view when the backend reports its
+-- statistics (at the latest when its transaction ends and at most a second
+-- later, or when it disconnects), live in the server's statistics, not in
+-- the database (a standby counts its own; pg_stat_reset clears them; a
+-- dump does not carry them), and count scans by nobody else: the table is
+-- the kit owner's, readable by no other role, and only fence._refuse
+-- (SECURITY DEFINER) scans it.
+CREATE TABLE fence.refusal_marks (code text COLLATE "C" NOT NULL);
+COMMENT ON TABLE fence.refusal_marks IS 'pgfence internal: always empty; fence._refuse scans its indexes to count refusals in read-only transactions (read fence.refusals)';
+REVOKE ALL ON fence.refusal_marks FROM PUBLIC;
+CREATE INDEX refusal_marks_fn001 ON fence.refusal_marks (code) WHERE code = 'FN001';
+CREATE INDEX refusal_marks_fn002 ON fence.refusal_marks (code) WHERE code = 'FN002';
+CREATE INDEX refusal_marks_fn003 ON fence.refusal_marks (code) WHERE code = 'FN003';
+
+CREATE OR REPLACE FUNCTION fence._refuse(code text, message text, detail text, hint text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    IF current_setting('transaction_read_only') = 'off' THEN
+        PERFORM nextval(CASE code WHEN 'FN001' THEN 'fence.refusals_fn001'::regclass
+                                  WHEN 'FN002' THEN 'fence.refusals_fn002'::regclass
+                                  WHEN 'FN003' THEN 'fence.refusals_fn003'::regclass END);
+    ELSIF code = 'FN001' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN001';
+    ELSIF code = 'FN002' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN002';
+    ELSIF code = 'FN003' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN003';
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail, HINT = hint;
+END
+$$;
+
+CREATE OR REPLACE VIEW fence.refusals AS
+SELECT 'FN001'::text AS sqlstate, 'stale token'::text AS reason,
+       CASE WHEN s.is_called THEN s.last_value ELSE 0 END
+       + pg_stat_get_numscans('fence.refusal_marks_fn001'::regclass) AS count FROM fence.refusals_fn001 s
+UNION ALL
+SELECT 'FN002', 'no token', CASE WHEN s.is_called THEN s.last_value ELSE 0 END
+       + pg_stat_get_numscans('fence.refusal_marks_fn002'::regclass) FROM fence.refusals_fn002 s
+UNION ALL
+SELECT 'FN003', 'token never granted', CASE WHEN s.is_called THEN s.last_value ELSE 0 END
+       + pg_stat_get_numscans('fence.refusal_marks_fn003'::regclass) FROM fence.refusals_fn003 s;
+
 -- ---------------------------------------------------------------------------
 -- 4. Guard functions (issue 31, break 5)
 -- ---------------------------------------------------------------------------
+
+-- The guard functions the kit generates are bounded by the triggers that
+-- use them. fence._guard_function and fence._rows_function create one
+-- function per token column name (per resource and token column name for
+-- per-row tables), owned by the kit's owner; a usage role that owns any
+-- table could make them create one per name without bound by renaming a
+-- column in a loop (break 5: 2000 functions in about 4 s). Now each call,
+-- once it holds the creation lock of its own name, drops every generated
+-- function that no trigger uses, but its own: after any call at most one
+-- unused generated function is left per transaction still creating one.
+-- A function is dropped only under its own creation lock, taken with a try
+-- (a concurrent protect of that name holds it until it commits, and its
+-- trigger is then in pg_depend), and only if pg_depend has no object that
+-- depends on it; no lock is waited for, so two protects never deadlock
+-- here (TestGuardFunctionsAreBoundedByTheTriggersThatUseThem).
+CREATE FUNCTION fence._drop_unused_guards(keep text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname FROM pg_proc p
+              WHERE p.pronamespace = 'fence'::regnamespace
+                AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' AND p.proname <> keep
+                AND p.pronargs = 0
+                AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid)
+              ORDER BY p.proname
+    LOOP
+        IF pg_try_advisory_xact_lock(fence._gate_key('guard function ' || f.proname))
+           AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = f.oid) THEN
+            EXECUTE format('DROP FUNCTION IF EXISTS fence.%I()', f.proname);
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION fence._drop_unused_guards(text) IS 'pgfence internal: drops the generated guard functions no trigger uses (but keep), under their creation locks';
+REVOKE ALL ON FUNCTION fence._drop_unused_guards(text) FROM PUBLIC;
+
+-- As in 008, and the unused guards dropped.
+CREATE OR REPLACE FUNCTION fence._guard_function(tbl regclass, col name) RETURNS regprocedure
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    fname text := '_guard_' || md5(col);
+    fn    regprocedure;
+    rl    name;
+BEGIN
+    PERFORM fence._guard_maker(tbl);
+    PERFORM fence._columns_of(tbl, ARRAY[col]);
+    -- concurrent first protects of one column name: one creates, the other waits
+    PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
+    PERFORM fence._drop_unused_guards(fname);
+    fn := to_regprocedure(format('fence.%I()', fname));
+    EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._guard_source(col));
+    IF fn IS NULL THEN
+        EXECUTE format('COMMENT ON FUNCTION fence.%I() IS %L', fname,
+                       format('pgfence row guard of tables whose token column is %I (body: fence._guard_source(%L))', col, col));
+        EXECUTE format('REVOKE ALL ON FUNCTION fence.%I() FROM PUBLIC', fname);
+        fn := format('fence.%I()', fname)::regprocedure;
+        -- the roles granted fence.protect themselves (members inherit)
+        FOR rl IN SELECT r.rolname FROM pg_roles r, pg_proc p, aclexplode(p.proacl) x
+                   WHERE p.oid = 'fence.protect(regclass, text, name)'::regprocedure
+                     AND x.grantee = r.oid AND x.privilege_type = 'EXECUTE' LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, rl);
+        END LOOP;
+    END IF;
+    RETURN fn;
+END
+$$;
+
+-- As in 008, and the unused guards dropped.
+CREATE OR REPLACE FUNCTION fence._rows_function(tbl regclass, rcol name, tcol name) RETURNS regprocedure
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    fname text := '_rows_' || md5(format('%I,%s', rcol, coalesce(quote_ident(tcol), '')));
+    fn    regprocedure;
+    rl    name;
+BEGIN
+    PERFORM fence._guard_maker(tbl);
+    PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
+    PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
+    PERFORM fence._drop_unused_guards(fname);
+    fn := to_regprocedure(format('fence.%I()', fname));
+    EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._rows_source(rcol, tcol));
+    IF fn IS NULL THEN
+        EXECUTE format('COMMENT ON FUNCTION fence.%I() IS %L', fname,
+                       format('pgfence guard of per-row tables whose resource column is %I and token column %s (body: fence._rows_source(%L, %L))',
+                              rcol, coalesce(quote_ident(tcol), 'none'), rcol, tcol));
+        EXECUTE format('REVOKE ALL ON FUNCTION fence.%I() FROM PUBLIC', fname);
+        fn := format('fence.%I()', fname)::regprocedure;
+        FOR rl IN SELECT r.rolname FROM pg_roles r, pg_proc p, aclexplode(p.proacl) x
+                   WHERE p.oid = 'fence.protect_rows(regclass, name, text, name)'::regprocedure
+                     AND x.grantee = r.oid AND x.privilege_type = 'EXECUTE' LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, rl);
+        END LOOP;
+    END IF;
+    RETURN fn;
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- 6. The grant made leaner (issue 29)
+-- ---------------------------------------------------------------------------
+
+-- fence.acquire grants a TTL lease whose row exists and is not live in two
+-- statements and no nested call: the unlocked read of 008 (a live lease is
+-- busy at once, without a lock: pollers never queue), the gate tried in a
+-- subtransaction of its own, and one UPDATE that locks the row FOR UPDATE
+-- SKIP LOCKED at its own level (an InitPlan of the same statement) and
+-- writes the next token. Everything else goes to fence._grant as before:
+-- no lease row yet (the first grant inserts), the epoch cache not valid
+-- (fence._epoch decides), the gate taken, the row locked (a renewal, a
+-- release, a large per-row statement's key-share lock: the bounded wait),
+-- the row live again, a token not above the row's (a grant in a newer
+-- epoch committed between the read and the gate: fence._next_token raises
+-- the floor), the counter past its last value (54000 there).
+--
+-- Why it is the same grant (docs/design.md, "Why no stale write commits",
+-- G1): the gate is held exclusive before the row changes, in a
+-- subtransaction that commits into the caller's level (F1); the row is
+-- locked FOR UPDATE and updated in one statement of the same (sub)transaction
+-- as the gate's holder, and the update writes token, a key update (F3,
+-- section 1), so every writer's FOR KEY SHARE conflicts with it; the token
+-- is epoch << 43 | nextval of the shared counter, with the epoch read from
+-- the validated cache exactly as fence._grant reads it, and the UPDATE only
+-- writes it when it is above the locked row's token (the next counter value
+-- exceeds the last one), and refuses a counter past its range, the two
+-- conditions fence._next_token checks. The shared tool's
+-- grant scenario (acquire + release): 583 k instructions on 008, 464 k.
+-- As in 002, with the fast path above first.
+CREATE OR REPLACE FUNCTION fence.acquire(resource text, holder text, ttl interval, waiting boolean DEFAULT false) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    secs    double precision := pg_catalog.date_part('epoch', ttl);
+    r       record;
+    gate    boolean;
+    now     timestamptz;
+    t       bigint;
+    durable text;  -- assigned, not PERFORMed: see fence._force_durable
+BEGIN
+    IF fence._name_ok(resource) AND fence._name_ok(holder) AND fence._ttl_ok(secs) THEN
+        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters INTO r
+          FROM fence.epoch_cache c JOIN fence.lease x ON x.resource = resource;
+        IF r.live AND (NOT coalesce(waiting, false) OR r.waiters) THEN
+            RETURN NULL;  -- live: busy at once, without a lock, as in fence._grant
+        END IF;
+        IF r.epoch IS NOT NULL AND NOT r.live THEN
+            durable := fence._force_durable();
+            BEGIN  -- a subtransaction of its own, as every gate
+                gate := pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(resource));
+            EXCEPTION WHEN OTHERS THEN
+                RAISE;
+            END;
+            IF gate THEN
+                now := pg_catalog.clock_timestamp();
+                -- nextval only for the row it is written to (no counter
+                -- value spent on a fall-back); the next value is above the
+                -- last one, so the WHERE's bound is the written token's.
+                UPDATE fence.lease x
+                   SET token = (r.epoch << 43) | pg_catalog.nextval('fence.token_counter'), holder = holder, kind = 'ttl',
+                       acquired_at = now, expires_at = now + pg_catalog.make_interval(secs => secs), ended_at = NULL,
+                       session_pid = NULL, waiters = false
+                 WHERE x.resource = (SELECT y.resource FROM fence.lease y WHERE y.resource = resource FOR UPDATE SKIP LOCKED)
+                   AND x.token < ((r.epoch << 43) | (pg_catalog.pg_sequence_last_value('fence.token_counter') + 1))
+                   AND NOT fence._live(x, now)
+                RETURNING x.token INTO t;
+                IF t >> 43 = r.epoch THEN
+                    RETURN t;
+                ELSIF t IS NOT NULL THEN
+                    -- the counter ran past 2^43 - 1 into the epoch's bits:
+                    -- refused as fence._next_token refuses it (the update
+                    -- goes with the error)
+                    RAISE EXCEPTION 'pgfence: the token counter is exhausted in epoch %', r.epoch
+                        USING ERRCODE = '54000', HINT = 'the token layout allows 2^43 - 1 grants per epoch across all resources; see docs/design.md';
+                END IF;
+            END IF;
+        END IF;
+        RETURN fence._grant(resource, holder, 'ttl', pg_catalog.make_interval(secs => secs), false, coalesce(waiting, false));
+    END IF;
+    PERFORM fence._check_name('resource', resource);
+    PERFORM fence._check_name('holder', holder);
+    RETURN fence._grant(resource, holder, 'ttl', fence._check_ttl(ttl), false, coalesce(waiting, false));
+END
+$$;
 
 -- ---------------------------------------------------------------------------
 -- 5. Per-row guard and producers (issue 29; issue 28 item 3)
@@ -350,6 +884,12 @@ DECLARE
 BEGIN
     PERFORM fence._guard_maker(tbl);
     PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
+    -- both creation locks, then the unused generated functions dropped (as
+    -- section 4 does in fence._rows_function) but the row guard's: an
+    -- unused mark function is dropped and made again below
+    PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), '')))))
+       FROM (VALUES ('9'), ('9m')) v(k) WHERE v.k = '9' OR tcol IS NOT NULL ORDER BY v.k;
+    PERFORM fence._drop_unused_guards('_rows_' || md5(format('9:%I,%s', rcol, coalesce(quote_ident(tcol), ''))));
     FOR g IN SELECT v.k, '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), ''))) AS fname,
                     CASE v.k WHEN '9' THEN fence._rows9_source(rcol, tcol) ELSE fence._rows9_mark_source(rcol, tcol) END AS src,
                     CASE v.k WHEN '9' THEN 'guard' ELSE 'mark trigger' END AS what,
@@ -562,9 +1102,9 @@ BEGIN
 END
 $$;
 
--- As in 008, with the functions of section 5.
+-- As in section 2 (fence.token_budget), with the functions of section 5.
 CREATE OR REPLACE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
-LANGUAGE plpgsql
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
@@ -594,7 +1134,7 @@ BEGIN
         fence._rows9_source(name, name), fence._rows9_mark_source(name, name), fence._rows9_function(regclass, name, name),
         fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean), fence.allow_producers(regclass, boolean),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
-        fence.try_xact_lock(text), fence.version() TO %I', role);
+        fence.try_xact_lock(text), fence.version(), fence.token_budget() TO %I', role);
     FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
                WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, role);

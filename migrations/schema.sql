@@ -30,7 +30,9 @@ CREATE UNLOGGED TABLE fence.epoch_cache (
     datoid oid NOT NULL,
     relid oid NOT NULL,
     timeline bigint NOT NULL,
-    base bigint NOT NULL
+    base bigint NOT NULL,
+    kit_xact xid8,
+    row_xact xid8 GENERATED ALWAYS AS (fence._row_xact()) STORED
 );
 COMMENT ON TABLE fence.epoch_cache IS 'pgfence internal: the epoch state as validated since the last crash recovery (unlogged)';
 
@@ -62,9 +64,20 @@ COMMENT ON TABLE fence.lease IS 'pgfence internal: one row per resource with its
 
 CREATE TABLE fence.origin (
     datoid oid NOT NULL,
-    system_identifier bigint NOT NULL
+    system_identifier bigint NOT NULL,
+    kit_xact xid8,
+    row_xact xid8 GENERATED ALWAYS AS (fence._row_xact()) STORED,
+    backup_label text
 );
 COMMENT ON TABLE fence.origin IS 'pgfence internal: the database and cluster the kit was installed in';
+
+CREATE TABLE fence.refusal_marks (
+    code text COLLATE "C" NOT NULL
+);
+CREATE INDEX refusal_marks_fn001 ON fence.refusal_marks USING btree (code) WHERE (code = 'FN001'::text);
+CREATE INDEX refusal_marks_fn002 ON fence.refusal_marks USING btree (code) WHERE (code = 'FN002'::text);
+CREATE INDEX refusal_marks_fn003 ON fence.refusal_marks USING btree (code) WHERE (code = 'FN003'::text);
+COMMENT ON TABLE fence.refusal_marks IS 'pgfence internal: always empty; fence._refuse scans its indexes to count refusals in read-only transactions (read fence.refusals)';
 
 -- -------------------------------------------------------------------------
 -- Sequences
@@ -114,6 +127,19 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._backup_label()
+ RETURNS text
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+    IF NOT pg_catalog.has_function_privilege('pg_catalog.pg_read_file(pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.bool)', 'EXECUTE') THEN
+        RETURN NULL;
+    END IF;
+    RETURN COALESCE(pg_catalog.md5(pg_catalog.pg_read_file('backup_label.old', 0, 1048576, true)), '');
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION fence._cache_epoch(c fence.epoch_cache)
  RETURNS bigint
  LANGUAGE sql
@@ -122,6 +148,7 @@ AS $function$
                  AND c.datoid OPERATOR(pg_catalog.=) fence._database_oid()
                  AND c.relid OPERATOR(pg_catalog.=) 'fence.epoch_state'::pg_catalog.regclass::pg_catalog.oid
                  AND c.timeline OPERATOR(pg_catalog.=) fence._timeline()
+                 AND c.kit_xact OPERATOR(pg_catalog.=) c.row_xact
                  AND c.base OPERATOR(pg_catalog.+) c.timeline OPERATOR(pg_catalog.<) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 20)
                  AND c.base OPERATOR(pg_catalog.+) c.timeline OPERATOR(pg_catalog.>=) pg_catalog.pg_sequence_last_value('fence.epoch_floor'::pg_catalog.regclass)
            THEN c.base OPERATOR(pg_catalog.+) c.timeline END
@@ -357,6 +384,30 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._drop_unused_guards(keep text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname FROM pg_proc p
+              WHERE p.pronamespace = 'fence'::regnamespace
+                AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' AND p.proname <> keep
+                AND p.pronargs = 0
+                AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid)
+              ORDER BY p.proname
+    LOOP
+        IF pg_try_advisory_xact_lock(fence._gate_key('guard function ' || f.proname))
+           AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = f.oid) THEN
+            EXECUTE format('DROP FUNCTION IF EXISTS fence.%I()', f.proname);
+        END IF;
+    END LOOP;
+END
+$function$;
+COMMENT ON FUNCTION fence._drop_unused_guards(text) IS 'pgfence internal: drops the generated guard functions no trigger uses (but keep), under their creation locks';
+
 CREATE OR REPLACE FUNCTION fence._durable()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -379,10 +430,13 @@ DECLARE
     mydb  oid := fence._database_oid();
     myrel oid := 'fence.epoch_state'::pg_catalog.regclass::oid;
     tli   bigint := fence._timeline();
+    label text := fence._backup_label();
     s     fence.epoch_state;
     home  boolean;
+    same_label boolean;
     nbase bigint;
     floor bigint;
+    last  bigint;
 BEGIN
     IF NOT EXISTS (SELECT FROM fence.epoch_state) THEN
         -- First grant of this install, or of a restore that brought lease
@@ -396,22 +450,35 @@ BEGIN
     -- synchronous_commit is at COMMIT: the counter's move and the new state
     -- are durable before any token above them is used.
     TRUNCATE fence.commit_flush;
-    -- At home: exactly the row the migration (or the last restore below)
-    -- wrote for this database of this cluster.
-    SELECT coalesce(count(*) = 1 AND bool_and(o.datoid = mydb AND o.system_identifier = sysid), false)
-      INTO home FROM fence.origin o;
+    -- At home: exactly one row, written by the kit (the migration, or the
+    -- last restore or promotion below) for this database of this cluster in
+    -- the transaction that stored it; a row reloaded from a dump was stored
+    -- by the loader.
+    SELECT coalesce(count(*) = 1 AND bool_and(o.datoid = mydb AND o.system_identifier = sysid
+                                              AND o.kit_xact = o.row_xact), false),
+           coalesce(count(*) = 1 AND bool_and(o.backup_label IS NOT DISTINCT FROM label), false)
+      INTO home, same_label FROM fence.origin o;
     IF s.system_identifier = sysid AND s.relid = myrel AND home AND s.timeline < tli THEN
         nbase := s.base;  -- promotion: the timeline alone moves the epoch up
         UPDATE fence.epoch_state SET timeline = tli;
-    ELSIF s.system_identifier <> sysid OR s.relid <> myrel OR NOT home OR s.timeline > tli THEN
+        IF NOT same_label THEN
+            -- a standby made from a base backup: its backup_label.old is
+            -- home from now on
+            DELETE FROM fence.origin;
+            INSERT INTO fence.origin (datoid, system_identifier, kit_xact, backup_label)
+            VALUES (mydb, sysid, pg_catalog.pg_current_xact_id(), label);
+        END IF;
+    ELSIF s.system_identifier <> sysid OR s.relid <> myrel OR NOT home OR s.timeline > tli
+          OR NOT same_label THEN
         -- a restored copy (another cluster, another database, a template
-        -- copy) or a timeline that went back: move past every epoch this
-        -- data has seen
+        -- copy, a reload, a base backup started on the same timeline) or a
+        -- timeline that went back: move past every epoch this data has seen
         nbase := greatest(s.base + s.timeline,
                           coalesce((SELECT max(l.token) >> 43 FROM fence.lease l), 0));
         UPDATE fence.epoch_state SET system_identifier = sysid, relid = myrel, timeline = tli, base = nbase;
         DELETE FROM fence.origin;
-        INSERT INTO fence.origin (datoid, system_identifier) VALUES (mydb, sysid);
+        INSERT INTO fence.origin (datoid, system_identifier, kit_xact, backup_label)
+        VALUES (mydb, sysid, pg_catalog.pg_current_xact_id(), label);
     ELSE
         nbase := s.base;  -- just created, or another grant updated it while we waited
     END IF;
@@ -421,22 +488,31 @@ BEGIN
         UPDATE fence.epoch_state SET base = nbase;
     END IF;
     IF nbase + tli >= (1::bigint << 20) THEN
-        RAISE EXCEPTION 'pgfence token epochs are exhausted (epoch %)', nbase + tli
+        RAISE EXCEPTION 'pgfence: the token epochs are exhausted (epoch % of at most %)', nbase + tli, (1::bigint << 20) - 1
             USING ERRCODE = '54000',
-                  HINT = 'the token layout allows 2^20 epochs (promotions and restores); see docs/design.md';
+                  HINT = 'the token layout allows 2^20 - 1 epochs (promotions and restores) in the life of an install; fence.token_budget() shows what is left; see docs/design.md';
     END IF;
     -- An empty cache file: crash recovery (or a promotion, or a restore of
     -- the files) emptied it, and grants made before may be lost with their
-    -- commits, while their callers hold the tokens. They took at most one
-    -- counter value each, and no crash loses 2^32 of them: the counter moves
-    -- past them all. (setval is not rolled back; a rolled-back attempt
-    -- leaves a dead row in the file, so a retry does not move it again.)
-    IF pg_catalog.pg_relation_size('fence.epoch_cache'::pg_catalog.regclass) = 0 THEN
-        PERFORM pg_catalog.setval('fence.token_counter', (SELECT c.last_value FROM fence.token_counter c) + 4294967296);
+    -- commits, while their callers hold the tokens. In the same epoch they
+    -- took at most one counter value each, and no crash loses 2^32 of them:
+    -- the counter moves past them all. (setval is not rolled back; a
+    -- rolled-back attempt leaves a dead row in the file, so a retry does
+    -- not move it again.) A new epoch is above every token of the old one,
+    -- whatever the counter: no move.
+    IF pg_catalog.pg_relation_size('fence.epoch_cache'::pg_catalog.regclass) = 0
+       AND nbase + tli <= s.base + s.timeline THEN
+        SELECT c.last_value INTO last FROM fence.token_counter c;
+        IF last >= 8796093022207 - 4294967296 THEN
+            RAISE EXCEPTION 'pgfence: the token counter is exhausted: it cannot move past a crash again (counter %, at most %)', last, 8796093022207
+                USING ERRCODE = '54000',
+                      HINT = 'each crash restart moves the shared counter 2^32 ahead, 2047 times in the life of an install; fence.token_budget() shows what is left; see docs/design.md';
+        END IF;
+        PERFORM pg_catalog.setval('fence.token_counter', last + 4294967296);
     END IF;
     DELETE FROM fence.epoch_cache;
-    INSERT INTO fence.epoch_cache (system_identifier, datoid, relid, timeline, base)
-    VALUES (sysid, mydb, myrel, tli, nbase);
+    INSERT INTO fence.epoch_cache (system_identifier, datoid, relid, timeline, base, kit_xact)
+    VALUES (sysid, mydb, myrel, tli, nbase, pg_catalog.pg_current_xact_id());
     RETURN nbase + tli;
 END
 $function$;
@@ -607,6 +683,7 @@ BEGIN
     PERFORM fence._columns_of(tbl, ARRAY[col]);
     -- concurrent first protects of one column name: one creates, the other waits
     PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
+    PERFORM fence._drop_unused_guards(fname);
     fn := to_regprocedure(format('fence.%I()', fname));
     EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._guard_source(col));
     IF fn IS NULL THEN
@@ -1071,12 +1148,20 @@ CREATE OR REPLACE FUNCTION fence._refuse(code text, message text, detail text, h
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
 AS $function$
 BEGIN
     IF current_setting('transaction_read_only') = 'off' THEN
         PERFORM nextval(CASE code WHEN 'FN001' THEN 'fence.refusals_fn001'::regclass
                                   WHEN 'FN002' THEN 'fence.refusals_fn002'::regclass
                                   WHEN 'FN003' THEN 'fence.refusals_fn003'::regclass END);
+    ELSIF code = 'FN001' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN001';
+    ELSIF code = 'FN002' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN002';
+    ELSIF code = 'FN003' THEN
+        PERFORM FROM fence.refusal_marks m WHERE m.code = 'FN003';
     END IF;
     RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail, HINT = hint;
 END
@@ -1127,6 +1212,12 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._row_xact()
+ RETURNS xid8
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$ SELECT pg_catalog.pg_current_xact_id() $function$;
+
 CREATE OR REPLACE FUNCTION fence._rows9_function(tbl regclass, rcol name, tcol name)
  RETURNS regprocedure
  LANGUAGE plpgsql
@@ -1140,6 +1231,12 @@ DECLARE
 BEGIN
     PERFORM fence._guard_maker(tbl);
     PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
+    -- both creation locks, then the unused generated functions dropped (as
+    -- section 4 does in fence._rows_function) but the row guard's: an
+    -- unused mark function is dropped and made again below
+    PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), '')))))
+       FROM (VALUES ('9'), ('9m')) v(k) WHERE v.k = '9' OR tcol IS NOT NULL ORDER BY v.k;
+    PERFORM fence._drop_unused_guards('_rows_' || md5(format('9:%I,%s', rcol, coalesce(quote_ident(tcol), ''))));
     FOR g IN SELECT v.k, '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), ''))) AS fname,
                     CASE v.k WHEN '9' THEN fence._rows9_source(rcol, tcol) ELSE fence._rows9_mark_source(rcol, tcol) END AS src,
                     CASE v.k WHEN '9' THEN 'guard' ELSE 'mark trigger' END AS what,
@@ -1331,6 +1428,7 @@ BEGIN
     PERFORM fence._guard_maker(tbl);
     PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
     PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || fname));
+    PERFORM fence._drop_unused_guards(fname);
     fn := to_regprocedure(format('fence.%I()', fname));
     EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', fname, fence._rows_source(rcol, tcol));
     IF fn IS NULL THEN
@@ -1733,9 +1831,50 @@ CREATE OR REPLACE FUNCTION fence.acquire(resource text, holder text, ttl interva
 AS $function$
 #variable_conflict use_variable
 DECLARE
-    secs double precision := pg_catalog.date_part('epoch', ttl);
+    secs    double precision := pg_catalog.date_part('epoch', ttl);
+    r       record;
+    gate    boolean;
+    now     timestamptz;
+    t       bigint;
+    durable text;  -- assigned, not PERFORMed: see fence._force_durable
 BEGIN
     IF fence._name_ok(resource) AND fence._name_ok(holder) AND fence._ttl_ok(secs) THEN
+        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters INTO r
+          FROM fence.epoch_cache c JOIN fence.lease x ON x.resource = resource;
+        IF r.live AND (NOT coalesce(waiting, false) OR r.waiters) THEN
+            RETURN NULL;  -- live: busy at once, without a lock, as in fence._grant
+        END IF;
+        IF r.epoch IS NOT NULL AND NOT r.live THEN
+            durable := fence._force_durable();
+            BEGIN  -- a subtransaction of its own, as every gate
+                gate := pg_catalog.pg_try_advisory_xact_lock(fence._gate_key(resource));
+            EXCEPTION WHEN OTHERS THEN
+                RAISE;
+            END;
+            IF gate THEN
+                now := pg_catalog.clock_timestamp();
+                -- nextval only for the row it is written to (no counter
+                -- value spent on a fall-back); the next value is above the
+                -- last one, so the WHERE's bound is the written token's.
+                UPDATE fence.lease x
+                   SET token = (r.epoch << 43) | pg_catalog.nextval('fence.token_counter'), holder = holder, kind = 'ttl',
+                       acquired_at = now, expires_at = now + pg_catalog.make_interval(secs => secs), ended_at = NULL,
+                       session_pid = NULL, waiters = false
+                 WHERE x.resource = (SELECT y.resource FROM fence.lease y WHERE y.resource = resource FOR UPDATE SKIP LOCKED)
+                   AND x.token < ((r.epoch << 43) | (pg_catalog.pg_sequence_last_value('fence.token_counter') + 1))
+                   AND NOT fence._live(x, now)
+                RETURNING x.token INTO t;
+                IF t >> 43 = r.epoch THEN
+                    RETURN t;
+                ELSIF t IS NOT NULL THEN
+                    -- the counter ran past 2^43 - 1 into the epoch's bits:
+                    -- refused as fence._next_token refuses it (the update
+                    -- goes with the error)
+                    RAISE EXCEPTION 'pgfence: the token counter is exhausted in epoch %', r.epoch
+                        USING ERRCODE = '54000', HINT = 'the token layout allows 2^43 - 1 grants per epoch across all resources; see docs/design.md';
+                END IF;
+            END IF;
+        END IF;
         RETURN fence._grant(resource, holder, 'ttl', pg_catalog.make_interval(secs => secs), false, coalesce(waiting, false));
     END IF;
     PERFORM fence._check_name('resource', resource);
@@ -1873,7 +2012,7 @@ BEGIN
         fence._rows9_source(name, name), fence._rows9_mark_source(name, name), fence._rows9_function(regclass, name, name),
         fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean), fence.allow_producers(regclass, boolean),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
-        fence.try_xact_lock(text), fence.version() TO %I', role);
+        fence.try_xact_lock(text), fence.version(), fence.token_budget() TO %I', role);
     FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
                WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, role);
@@ -2109,6 +2248,22 @@ END
 $function$;
 COMMENT ON FUNCTION fence.revoke_usage(name) IS 'takes back everything fence.grant_usage gave role';
 
+CREATE OR REPLACE FUNCTION fence.token_budget(OUT epoch bigint, OUT epochs_left bigint, OUT counter bigint, OUT grants_left bigint, OUT counter_moves_left bigint, OUT reads_backup_label boolean)
+ RETURNS record
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT e.epoch, (1::int8 << 20) - 1 - e.epoch,
+           k.counter, 8796093022207 - k.counter,
+           greatest(0, (8796093022207 - 1 - k.counter) / 4294967296),
+           fence._backup_label() IS NOT NULL
+      FROM (SELECT coalesce((SELECT s.base + s.timeline FROM fence.epoch_state s), 0) AS epoch) e,
+           (SELECT CASE WHEN c.is_called THEN c.last_value ELSE c.last_value - 1 END AS counter
+              FROM fence.token_counter c) k
+$function$;
+COMMENT ON FUNCTION fence.token_budget() IS 'what is left of the token space: the epoch and the epochs left (promotions, restores), the counter, the grants and the crash restarts (counter moves of 2^32) left, and whether the kit can see a base backup started without recovery';
+
 CREATE OR REPLACE FUNCTION fence.try_lock(name text)
  RETURNS boolean
  LANGUAGE sql
@@ -2243,7 +2398,7 @@ CREATE VIEW fence.refusals AS
         CASE
             WHEN s.is_called THEN s.last_value
             ELSE 0::bigint
-        END AS count
+        END + pg_stat_get_numscans('fence.refusal_marks_fn001'::regclass::oid) AS count
    FROM fence.refusals_fn001 s
 UNION ALL
  SELECT 'FN002'::text AS sqlstate,
@@ -2251,7 +2406,7 @@ UNION ALL
         CASE
             WHEN s.is_called THEN s.last_value
             ELSE 0::bigint
-        END AS count
+        END + pg_stat_get_numscans('fence.refusal_marks_fn002'::regclass::oid) AS count
    FROM fence.refusals_fn002 s
 UNION ALL
  SELECT 'FN003'::text AS sqlstate,
@@ -2259,7 +2414,7 @@ UNION ALL
         CASE
             WHEN s.is_called THEN s.last_value
             ELSE 0::bigint
-        END AS count
+        END + pg_stat_get_numscans('fence.refusal_marks_fn003'::regclass::oid) AS count
    FROM fence.refusals_fn003 s;
 COMMENT ON VIEW fence.refusals IS 'refused tokens counted by SQLSTATE (FN001 stale, FN002 none, FN003 never granted) in this database since the install';
 

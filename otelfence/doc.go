@@ -30,8 +30,8 @@
 //     completion: it falls when renewals slow down or need retries.
 //   - pgfence.lease.losses (counter, {loss}): leases that ended;
 //     pgfence.lease.loss_reason (released, client_closed, deadline_passed,
-//     superseded, session_ended, renew_failed). released is the holder's own
-//     Release, the normal end: alert on the other reasons.
+//     superseded, session_ended, renew_failed, refused). released is the
+//     holder's own Release, the normal end: alert on the other reasons.
 //   - pgfence.lease.active (up-down counter, {lease}): leases held now;
 //     pgfence.lease.kind (ttl, session).
 //   - pgfence.election.leader (gauge, 1): 1 while this process leads an

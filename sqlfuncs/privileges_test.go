@@ -385,3 +385,52 @@ func TestGuardsIgnoreAHostileSearchPath(t *testing.T) {
 		require.NoError(t, tx.Rollback(b.ctx))
 	}
 }
+
+// TestGuardFunctionsAreBoundedByTheTriggersThatUseThem is break 5 of the
+// third review of 008 (issue 31): a usage role that owns an unprotected
+// table renames one of its columns in a loop and calls
+// fence._guard_function and fence._rows_function for each name; on 008
+// each call left a function owned by the kit's owner (80 for 40 names),
+// without bound. Since 009 each call drops the generated functions that no
+// trigger uses but its own: at most one is left, and the guards of
+// protected tables (used by their triggers) stay.
+func TestGuardFunctionsAreBoundedByTheTriggersThatUseThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, db := b.ctx, b.db.Pool
+	b.exec(t, `CREATE TABLE kept (id int PRIMARY KEY, job int, tok bigint)`)
+	b.exec(t, `CREATE TABLE kept_rows (id int PRIMARY KEY, job int NOT NULL, tok bigint)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, db, "kept", "kept", "tok"))
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, db, "kept_rows", "job", "job:", "tok"))
+	generated := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_proc
+			WHERE pronamespace = 'fence'::regnamespace AND proname ~ '^_(guard|rows)_[0-9a-f]{32}$'`).Scan(&n))
+		return n
+	}
+	protected := generated()
+
+	app := pgtest.NewRole(t, "filler")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, db, app, false))
+	b.exec(t, `GRANT CREATE ON SCHEMA public TO `+pgx.Identifier{app}.Sanitize())
+	conn := roleConn(t, b, app)
+	_, err := conn.Exec(ctx, `CREATE TABLE mine (id int PRIMARY KEY, job int, c0 bigint)`)
+	require.NoError(t, err)
+	for i := 1; i <= 40; i++ {
+		_, err := conn.Exec(ctx, fmt.Sprintf(`ALTER TABLE mine RENAME COLUMN c%d TO c%d`, i-1, i))
+		require.NoError(t, err)
+		col := fmt.Sprintf("c%d", i)
+		_, err = conn.Exec(ctx, `SELECT fence._guard_function('mine', $1)`, col)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `SELECT fence._rows_function('mine', 'job', $1)`, col)
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, generated()-protected, 1, "generated functions that no trigger uses")
+
+	// The protected tables' guards were kept and still refuse.
+	_, err = db.Exec(ctx, `INSERT INTO kept VALUES (1, 1, NULL)`)
+	requireCode(t, err, sqlfuncs.CodeNoToken)
+	_, err = db.Exec(ctx, `INSERT INTO kept_rows VALUES (1, 1, NULL)`)
+	requireCode(t, err, sqlfuncs.CodeNoToken)
+}

@@ -1,6 +1,7 @@
 package sqlfuncs_test
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -80,4 +81,70 @@ func TestRefusalsCountEveryRefusedWrite(t *testing.T) {
 	var rows int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&rows))
 	require.Equal(t, 1, rows, "the refused writes were rolled back; their counts were not")
+}
+
+// TestRefusalsCountWritesThatTurnedReadOnlyOn is break 4 of the third
+// review of 008 (issue 31): a usage role's stale or token-less write whose
+// WHERE clause turns transaction_read_only on is refused, and 008 did not
+// count it (fence._refuse skipped the count whenever the setting was on).
+// Since 009 such a refusal is counted through an index scan of
+// fence.refusal_marks, which reaches fence.refusals once the writer's
+// backend reports its statistics: the test closes the writer's connection
+// and waits (bounded) for the counts. Each refusal adds one to its own
+// SQLSTATE only, in READ COMMITTED (FN001, FN002) and REPEATABLE READ
+// (FN002: a check there fails closed first with 25006 for a token).
+func TestRefusalsCountWritesThatTurnedReadOnlyOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	b.exec(t, `CREATE TABLE orders (id int, note text, fence_token bigint)`)
+	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "orders", "orders", "fence_token"))
+	app := pgtest.NewRole(t, "app")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
+	b.exec(t, `GRANT SELECT, INSERT, UPDATE ON orders TO `+pgx.Identifier{app}.Sanitize())
+	conn := roleConn(t, b, app)
+	counts := func() map[string]int64 {
+		t.Helper()
+		rs, err := sqlfuncs.Refusals(ctx, conn)
+		require.NoError(t, err)
+		m := map[string]int64{}
+		for _, r := range rs {
+			m[r.SQLState] = r.Count
+		}
+		return m
+	}
+	stale, ok, err := sqlfuncs.Acquire(ctx, conn, "orders", "app", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = sqlfuncs.Revoke(ctx, b.db.Pool, "orders")
+	require.NoError(t, err)
+	before := counts()
+
+	const ro = `pg_catalog.set_config('transaction_read_only', 'on', true) = 'on'`
+	steps := []struct {
+		code, iso, sql string
+		args           []any
+	}{
+		{sqlfuncs.CodeStaleToken, "READ COMMITTED", `INSERT INTO orders SELECT 1, 'stale', $1::bigint WHERE ` + ro, []any{stale}},
+		{sqlfuncs.CodeNoToken, "READ COMMITTED", `INSERT INTO orders (id, note) SELECT 2, 'none' WHERE ` + ro, nil},
+		{sqlfuncs.CodeNoToken, "REPEATABLE READ", `INSERT INTO orders (id, note) SELECT 3, 'none' WHERE ` + ro, nil},
+	}
+	want := before
+	for _, s := range steps {
+		w := roleConn(t, b, app)
+		tx, err := w.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(s.iso)})
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, s.sql, s.args...)
+		requireCode(t, err, s.code)
+		require.NoError(t, tx.Rollback(ctx))
+		require.NoError(t, w.Close(ctx)) // the backend reports its statistics as it exits
+		want[s.code]++
+		deadline := time.Now().Add(15 * time.Second)
+		got := counts()
+		for !maps.Equal(got, want) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+			got = counts()
+		}
+		require.Equal(t, want, got, "after a refusal with %s in a transaction turned read-only (%s)", s.code, s.iso)
+	}
 }

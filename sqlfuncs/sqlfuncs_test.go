@@ -112,6 +112,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 		"version":         sqlfuncs.Version,
 		"grant_usage":     sqlfuncs.GrantUsage,
 		"revoke_usage":    sqlfuncs.RevokeUsage,
+		"token_budget":    sqlfuncs.TokenBudget,
 	}
 	// Internal helpers start with an underscore and trigger functions cannot
 	// be called; everything else is public surface.

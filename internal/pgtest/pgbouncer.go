@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence/internal/pgcluster"
 )
 
@@ -86,6 +88,13 @@ func NewPgBouncerInMode(t testing.TB, serverURL, mode string) *PgBouncer {
 		t.Fatalf("pgtest: %v", err)
 	}
 	b := &PgBouncer{Version: version, Mode: mode, dir: dir, log: filepath.Join(dir, "pgbouncer.log")}
+	// Run before the directory goes (cleanups run last registered first),
+	// after PgBouncer stopped: a failed test shows what the pooler saw.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgtest: the test failed; pgbouncer's log:\n%s", b.LogTail(200))
+		}
+	})
 
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
 	defer cancel()
@@ -189,6 +198,46 @@ func (b *PgBouncer) URL(dbURL string) string {
 // LogTail returns the last n lines of PgBouncer's log, for failure messages.
 func (b *PgBouncer) LogTail(n int) string {
 	return pgcluster.TailFile(b.log, "pgbouncer log", n)
+}
+
+// ServerListens returns the channels that PgBouncer's server connections
+// to the database of dbURL (a URL of the server behind it) listen on, as
+// pg_listening_channels() says on each: it holds PgBouncerPoolSize
+// transactions through PgBouncer at once, so that each runs on a server
+// connection of its own and together they cover the pool.
+func (b *PgBouncer) ServerListens(t testing.TB, dbURL string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	var txs []pgx.Tx
+	defer func() {
+		for _, tx := range txs {
+			_ = tx.Rollback(context.Background())
+		}
+	}()
+	var channels []string
+	for range PgBouncerPoolSize {
+		conn, err := pgx.Connect(ctx, b.URL(dbURL)+"&default_query_exec_mode=exec")
+		if err != nil {
+			t.Fatalf("pgtest: connect through pgbouncer: %v", err)
+		}
+		defer conn.Close(context.Background())
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatalf("pgtest: begin through pgbouncer: %v", err)
+		}
+		txs = append(txs, tx)
+		rows, err := tx.Query(ctx, `SELECT pg_listening_channels()`)
+		if err != nil {
+			t.Fatalf("pgtest: pg_listening_channels through pgbouncer: %v", err)
+		}
+		chans, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatalf("pgtest: pg_listening_channels through pgbouncer: %v", err)
+		}
+		channels = append(channels, chans...)
+	}
+	return channels
 }
 
 func findPgBouncer() (string, error) {

@@ -189,3 +189,32 @@ func TestProxyDelay(t *testing.T) {
 	require.Equal(t, 2, n)
 	require.Zero(t, proxy.Pending(pgtest.ToClient))
 }
+
+// FreezeOpen silences the connections open at the time (a call on one
+// waits, without an error, until its context ends) while new connections
+// work; Thaw lets the frozen ones go on.
+func TestProxyFreezeOpen(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Setup(t)
+	p := pgtest.NewProxy(t, db.URL)
+	ctx := t.Context()
+	old, err := pgx.Connect(ctx, p.URL(db.URL))
+	require.NoError(t, err)
+	defer old.Close(context.Background())
+	p.FreezeOpen()
+	fresh, err := pgx.Connect(ctx, p.URL(db.URL))
+	require.NoError(t, err, "a new connection works")
+	defer fresh.Close(context.Background())
+	var one int
+	require.NoError(t, fresh.QueryRow(ctx, `SELECT 1`).Scan(&one))
+
+	done := make(chan error, 1)
+	go func() { done <- old.QueryRow(ctx, `SELECT 1`).Scan(&one) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the frozen connection answered: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	p.Thaw()
+	require.NoError(t, <-done, "thawed, the frozen connection goes on")
+}

@@ -14,7 +14,9 @@ import (
 // or a stalled peer. Thaw lets the held bytes through; Kill closes every
 // connection it carries. Delay makes one direction slow instead (every byte
 // arrives late, in order, none lost), as a congested link or a peer that
-// answers late does.
+// answers late does. FreezeOpen freezes only the connections open at the
+// time, while new ones work: what a NAT timeout, a dropped route or a
+// failover does to a pool's connections.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -23,6 +25,7 @@ type Proxy struct {
 	cond    *sync.Cond
 	frozen  bool
 	conns   map[net.Conn]struct{}
+	links   map[*link]struct{} // open client-server pairs, for FreezeOpen
 	closed  bool
 	opened  int                        // connections accepted and forwarded so far
 	delay   [2]time.Duration           // per Direction
@@ -52,7 +55,7 @@ func NewProxy(t testing.TB, targetURL string) *Proxy {
 	if err != nil {
 		t.Fatalf("pgtest: proxy listen: %v", err)
 	}
-	p := &Proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}, wake: map[chan struct{}]struct{}{}}
+	p := &Proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}, links: map[*link]struct{}{}, wake: map[chan struct{}]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -73,10 +76,29 @@ func (p *Proxy) Freeze() {
 	p.mu.Unlock()
 }
 
-// Thaw lets bytes flow again.
+// link is one client connection and its server connection.
+type link struct {
+	frozen bool // guarded by Proxy.mu
+}
+
+// FreezeOpen stops every byte, in both directions, of the connections open
+// now (they stay open, silent, and neither side sees an error), while
+// connections opened later work. Thaw lets them go on.
+func (p *Proxy) FreezeOpen() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.frozen = true
+	}
+}
+
+// Thaw lets bytes flow again (after Freeze and FreezeOpen).
 func (p *Proxy) Thaw() {
 	p.mu.Lock()
 	p.frozen = false
+	for l := range p.links {
+		l.frozen = false
+	}
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }
@@ -164,10 +186,19 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		l := &link{}
+		p.links[l] = struct{}{}
 		p.opened++
 		p.mu.Unlock()
-		go p.pipe(client, server, ToClient)
-		go p.pipe(server, client, ToServer)
+		var both sync.WaitGroup
+		both.Go(func() { p.pipe(client, server, ToClient, l) })
+		both.Go(func() { p.pipe(server, client, ToServer, l) })
+		go func() {
+			both.Wait()
+			p.mu.Lock()
+			delete(p.links, l)
+			p.mu.Unlock()
+		}()
 	}
 }
 
@@ -181,12 +212,12 @@ type chunk struct {
 // frozen before each read, so that frozen bytes stay in the kernel buffers.
 // A writer of its own passes each chunk on once its delay has run out, so
 // that a delay does not hold up the reading (and so add up).
-func (p *Proxy) pipe(dst, src net.Conn, dir Direction) {
+func (p *Proxy) pipe(dst, src net.Conn, dir Direction, l *link) {
 	chunks := make(chan chunk, 1024)
 	written := make(chan struct{})
 	go func() {
 		defer close(written)
-		p.write(dst, src, dir, chunks)
+		p.write(dst, src, dir, l, chunks)
 	}()
 	defer func() {
 		close(chunks)
@@ -195,7 +226,7 @@ func (p *Proxy) pipe(dst, src net.Conn, dir Direction) {
 	buf := make([]byte, 32<<10)
 	for {
 		p.mu.Lock()
-		for p.frozen && !p.closed {
+		for (p.frozen || l.frozen) && !p.closed {
 			p.cond.Wait()
 		}
 		p.mu.Unlock()
@@ -215,7 +246,7 @@ func (p *Proxy) pipe(dst, src net.Conn, dir Direction) {
 // write passes the chunks of pipe on to dst, each once the delay of dir
 // (as it is when the chunk's turn comes) has run out since it was read, and
 // not while the proxy is frozen; at the end it closes both connections.
-func (p *Proxy) write(dst, src net.Conn, dir Direction, chunks <-chan chunk) {
+func (p *Proxy) write(dst, src net.Conn, dir Direction, l *link, chunks <-chan chunk) {
 	defer func() {
 		_ = dst.Close()
 		_ = src.Close()
@@ -226,7 +257,7 @@ func (p *Proxy) write(dst, src net.Conn, dir Direction, chunks <-chan chunk) {
 	}()
 	failed := false
 	for c := range chunks {
-		send := !failed && p.holdBack(dir, c.read)
+		send := !failed && p.holdBack(dir, l, c.read)
 		// Uncounted before the write, not after: once the peer has the
 		// bytes it may answer, and a late count would still show them held.
 		p.mu.Lock()
@@ -245,11 +276,11 @@ func (p *Proxy) write(dst, src net.Conn, dir Direction, chunks <-chan chunk) {
 // holdBack waits until a chunk read at read may go: its delay has run out
 // and the proxy is not frozen. It returns false when the proxy was closed
 // meanwhile: bytes held back then never arrive.
-func (p *Proxy) holdBack(dir Direction, read time.Time) bool {
+func (p *Proxy) holdBack(dir Direction, l *link, read time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for !p.closed {
-		if p.frozen {
+		if p.frozen || l.frozen {
 			p.cond.Wait()
 			continue
 		}

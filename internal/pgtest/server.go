@@ -142,12 +142,15 @@ func openServer(source, adminURL string, stop func()) (*server, error) {
 }
 
 // localConf is the configuration of the shared throwaway cluster: it trades
-// durability for speed, which ordinary tests do not observe.
+// durability for speed, which ordinary tests do not observe. Prepared
+// transactions are on for the interleaving tester's prepared family
+// (sqlfuncs' TestInterleavings).
 var localConf = []string{
 	"fsync = off",
 	"synchronous_commit = off",
 	"full_page_writes = off",
 	"max_connections = 300",
+	"max_prepared_transactions = 20",
 }
 
 // startLocalServer starts the shared throwaway cluster (fsync off; fault

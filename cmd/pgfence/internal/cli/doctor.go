@@ -34,7 +34,8 @@ func newDoctorCmd(g *globals) *cobra.Command {
   server version      PostgreSQL 13 or newer
   writable            the server is a primary, not a standby in recovery
   clock               this machine's clock against the server's
-  migrations          the kit installed, at which version, not dirty
+  migrations          the kit installed, at which version, not dirty, recorded
+                      in fence_schema_migrations (else: migrate baseline)
   privileges          what the current role may do with the kit (or what
                       keeps it from installing it)
   protected tables    disabled guards (or replica-only ones), other roles
@@ -48,6 +49,8 @@ func newDoctorCmd(g *globals) *cobra.Command {
                       0: a paused holder makes grants wait
   pooler              a connection pooler in front, and its mode
   token epoch         the functions grants read the epoch from
+  token budget        what is left of the token space (epochs, counter
+                      moves, grants: fence.token_budget, version 9)
   managed service     which one the server's settings suggest
   server log          refused writes reach it with their SQLSTATE and
                       statement
@@ -142,6 +145,9 @@ func doctorChecks(ctx context.Context, pool *pgxpool.Pool, add func(check, statu
 		database = k.Database
 		doctorKit(ctx, pool, k, add)
 		doctorGuards(ctx, pool, k, srv.VersionNum, add)
+		if k.Installed && k.VersionKnown && (k.Usage || k.Super) {
+			doctorBudget(ctx, pool, k.Version, add) // budget.go
+		}
 	}
 
 	settings, err := catalog.ReadDurabilitySettings(ctx, pool)
@@ -197,9 +203,12 @@ func doctorKit(ctx context.Context, pool *pgxpool.Pool, k kitState, add func(che
 	case !k.VersionKnown:
 		add("migrations", "fail", fmt.Sprintf("schema fence exists (owner %s), but role %s can read neither %s nor fence.version()", k.KitOwner, k.User, migrations.Table),
 			grantUsageFix(k, false))
+	case k.Unrecorded:
+		add("migrations", "fail", fmt.Sprintf("version %d (from fence.version()) is not recorded: the kit was installed without golang-migrate, and %s.%s does not exist, so pgfence migrate and the upstream migrate CLI would take the database for an empty one", k.Version, k.Schema, migrations.Table),
+			fmt.Sprintf("pgfence migrate baseline (records version %d), as role %s", k.Version, k.User))
 	case k.Dirty:
 		add("migrations", "fail", fmt.Sprintf("version %d is dirty: a migration failed half-way", k.Version),
-			fmt.Sprintf("as role %s: repair by hand, then pgfence migrate force VERSION", k.KitOwner))
+			fmt.Sprintf("as role %s: repair by hand, then %s", k.KitOwner, k.forceFix()))
 	case k.Version < migrations.Latest:
 		add("migrations", "warn", fmt.Sprintf("version %d installed, %d available", k.Version, migrations.Latest), upgrade)
 	case k.Version > migrations.Latest:

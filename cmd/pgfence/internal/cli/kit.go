@@ -45,6 +45,27 @@ type kitState struct {
 	Version                  uint
 	Dirty                    bool
 	VersionKnown, DirtyKnown bool
+
+	// Unrecorded: schema fence is installed, the asking role owns it (or is
+	// a superuser), and the version table does not exist where
+	// golang-migrate looks for it: the kit's files were applied without
+	// golang-migrate (psql, another migration tool). Version is then
+	// fence.version(), and pgfence migrate baseline records it.
+	Unrecorded bool
+
+	// SchemaVersion is fence.version() when this role may call it (0 otherwise):
+	// after a failed migration (each file is one transaction) the version
+	// the schema is really at, which a dirty record's fix names.
+	SchemaVersion uint
+}
+
+// forceFix is the command that repairs a dirty record: migrate force with
+// the version fence.version() reports when it can be read, else VERSION.
+func (k kitState) forceFix() string {
+	if k.SchemaVersion > 0 {
+		return fmt.Sprintf("pgfence migrate force %d (fence.version() says the schema is at %d)", k.SchemaVersion, k.SchemaVersion)
+	}
+	return "pgfence migrate force VERSION (the version the database is really at)"
 }
 
 // readKit reads the kit's state as the pool's role, writing nothing.
@@ -75,6 +96,14 @@ func readKit(ctx context.Context, pool *pgxpool.Pool) (kitState, error) {
 	case !k.Installed && !k.VersionTable:
 		k.VersionKnown, k.DirtyKnown = true, true // version 0: never installed
 	}
+	if k.Installed && k.CallVersion && k.Dirty {
+		if v, err := sqlfuncs.Version(ctx, pool); err == nil && v > 0 {
+			k.SchemaVersion = uint(v)
+		}
+	}
+	// Another role's version table may live in another schema (its own
+	// search_path); for the owner, this is where golang-migrate would look.
+	k.Unrecorded = k.Installed && !k.VersionTable && (k.IsKitOwner || k.Super) && k.VersionKnown
 	return k, nil
 }
 

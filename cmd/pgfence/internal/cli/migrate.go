@@ -24,12 +24,15 @@ import (
 type migrateJSON struct {
 	Version uint  `json:"version"`
 	Dirty   *bool `json:"dirty"`
+	// Recorded is false (and present) only for a kit installed without
+	// golang-migrate: pgfence migrate baseline records its version.
+	Recorded *bool `json:"recorded,omitempty"`
 }
 
 func newMigrateCmd(g *globals) *cobra.Command {
 	var yes, allowDowngrade bool
 	cmd := &cobra.Command{
-		Use:   "migrate up | down [N] | goto V | version | force V",
+		Use:   "migrate up | down [N] | goto V | version | force V | baseline",
 		Short: "Apply or inspect the kit's migrations (table fence_schema_migrations)",
 		Long: `migrate applies the kit's embedded migrations with golang-migrate (version
 table fence_schema_migrations, as the upstream migrate CLI with
@@ -46,20 +49,29 @@ refused (versions before 4 have no per-row guard): unprotect them, or
 protect them table-wide, first. Going below version 3 while fence.lease has
 rows (the latest token of every resource) is refused unless
 --allow-downgrade: a further step to 0 would forget those tokens, and they
-could be granted again.`,
+could be granted again.
+
+baseline adopts a kit installed without golang-migrate (its files applied
+by psql, or copied into another migration tool): such a kit has
+fence.version() but no version table, and golang-migrate would take the
+database for an empty one. version and doctor say so; up, down, goto and
+force refuse it, creating nothing; baseline creates the version table and
+records there the version fence.version() reports, running no migration.
+After it, this CLI and the upstream migrate CLI go on from that version.`,
 		Example: `  pgfence migrate up          # install or upgrade schema fence
   pgfence migrate version     # print the installed version
   pgfence migrate down        # remove schema fence (refused while tables are protected)
-  pgfence migrate force 1     # mark version 1 clean after a failed migration was repaired`,
+  pgfence migrate force 1     # mark version 1 clean after a failed migration was repaired
+  pgfence migrate baseline    # record the version of a kit applied with psql`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usageError{errors.New("migrate needs an action: up, down [N], goto V, version or force V")}
+				return usageError{errors.New("migrate needs an action: up, down [N], goto V, version, force V or baseline")}
 			}
-			want := map[string][2]int{"up": {1, 1}, "down": {1, 2}, "goto": {2, 2}, "version": {1, 1}, "force": {2, 2}}
+			want := map[string][2]int{"up": {1, 1}, "down": {1, 2}, "goto": {2, 2}, "version": {1, 1}, "force": {2, 2}, "baseline": {1, 1}}
 			n, ok := want[args[0]]
 			switch {
 			case !ok:
-				return usageError{fmt.Errorf("unknown migrate action %q (want up, down [N], goto V, version or force V)", args[0])}
+				return usageError{fmt.Errorf("unknown migrate action %q (want up, down [N], goto V, version, force V or baseline)", args[0])}
 			case len(args) < n[0]:
 				return usageError{fmt.Errorf("migrate %s needs a number", args[0])}
 			case len(args) > n[1]:
@@ -113,6 +125,15 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 	if !k.VersionKnown {
 		return notReadable(k)
 	}
+	if action == "baseline" {
+		return baseline(ctx, pool, k)
+	}
+	if k.Unrecorded {
+		if action == "up" && k.Version == migrations.Latest {
+			return nil // up to date however it was installed; baseline records it when wanted
+		}
+		return notRecorded(k, action)
+	}
 	target := int(k.Version)
 	switch action {
 	case "up":
@@ -142,7 +163,7 @@ func (g *globals) migrate(ctx context.Context, pool *pgxpool.Pool, k kitState, a
 		return gofence.ForceMigrationVersion(ctx, pool, n)
 	}
 	if k.Dirty {
-		return fmt.Errorf("version %d is dirty (a migration failed half-way): repair what it left, then pgfence migrate force VERSION (the version the database is really at) and try again; nothing was changed", k.Version)
+		return fmt.Errorf("version %d is dirty (a migration failed half-way): repair what it left, then %s and try again; nothing was changed", k.Version, k.forceFix())
 	}
 	if target == int(k.Version) {
 		return nil
@@ -228,6 +249,27 @@ func (g *globals) confirm(question string, yes bool) error {
 	return exitError{ExitError, errors.New("not confirmed (answer y, or pass --yes); nothing was changed")}
 }
 
+// baseline records the version of a kit installed without golang-migrate
+// (gofence.Baseline), after checking that this role may create the version
+// table.
+func baseline(ctx context.Context, pool *pgxpool.Pool, k kitState) error {
+	if !k.Installed {
+		return errors.New("schema fence is not installed, so there is no version to record: pgfence migrate up installs it; nothing was changed")
+	}
+	if err := k.canMigrate(false); err != nil {
+		return err
+	}
+	_, err := gofence.Baseline(ctx, pool)
+	return err
+}
+
+// notRecorded is the refusal of every changing action but baseline on a
+// kit installed without golang-migrate, with the exact command.
+func notRecorded(k kitState, action string) error {
+	return fmt.Errorf("schema fence is at version %d (fence.version()) but was installed without golang-migrate: there is no %s.%s, so golang-migrate would take the database for an empty one; run pgfence migrate baseline to record version %d, then pgfence migrate %s again; nothing was changed",
+		k.Version, k.Schema, migrations.Table, k.Version, action)
+}
+
 func notReadable(k kitState) error {
 	return fmt.Errorf("schema fence exists, but role %s can read neither %s nor fence.version(): %s", k.User, migrations.Table, grantUsageFix(k, false))
 }
@@ -240,13 +282,18 @@ func (g *globals) printVersion(k kitState) error {
 	if k.DirtyKnown {
 		out.Dirty = &k.Dirty
 	}
+	if k.Unrecorded {
+		out.Recorded = new(bool)
+	}
 	return g.emit(out, func(w io.Writer) error {
 		state := "clean"
 		switch {
+		case k.Unrecorded:
+			state = fmt.Sprintf("not recorded (from fence.version(): the kit was installed without golang-migrate, and %s.%s does not exist; pgfence migrate baseline records version %d)", k.Schema, migrations.Table, k.Version)
 		case !k.DirtyKnown:
 			state = fmt.Sprintf("from fence.version() (role %s cannot read %s, so a half-failed migration would not show here)", k.User, migrations.Table)
 		case k.Dirty:
-			state = "dirty (a migration failed half-way: repair, then pgfence migrate force VERSION)"
+			state = "dirty (a migration failed half-way: repair, then " + k.forceFix() + ")"
 		}
 		_, err := fmt.Fprintf(w, "version %d, %s\n", k.Version, state)
 		return err

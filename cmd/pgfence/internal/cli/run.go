@@ -194,7 +194,7 @@ func runUnderLease(ctx context.Context, g *globals, cfg gofence.Config, resource
 	// delay or replace the watchdog's SIGKILL.
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	var termAt time.Time
+	var termAt, termDeadline time.Time // the SIGTERM, and the trust deadline then
 	killed, forwarded, interrupts := false, false, 0
 	ctxDone := ctx.Done()
 	var ctxSettled <-chan time.Time
@@ -231,8 +231,16 @@ loop:
 		case <-tick.C:
 			left := time.Until(lease.TrustDeadline())
 			lost := lease.Err() != nil
+			if !termAt.IsZero() && !killed && !lost && left >= grace {
+				// A renewal succeeded in the grace window: the lease is held
+				// again, so the watchdog stands down (no SIGKILL). A command
+				// that handles or ignores SIGTERM keeps running under it.
+				termAt = time.Time{}
+				fmt.Fprintf(g.stderr, "pgfence: a renewal of the lease on %s succeeded after all (%s); not sending SIGKILL to %s\n",
+					resource, deadlineLeft(left), argv[0])
+			}
 			if termAt.IsZero() && (lost || left < grace) {
-				termAt = time.Now()
+				termAt, termDeadline = time.Now(), lease.TrustDeadline()
 				what := lossReason(lease, resource, left)
 				if left < grace/4 {
 					// Too late for SIGTERM to be of use: a SIGTERM and a
@@ -284,6 +292,16 @@ loop:
 		return fmt.Errorf("waiting for %s: %w", argv[0], waitErr)
 	}
 
+	if !termAt.IsZero() && lease.Err() == nil && lease.TrustDeadline().After(termDeadline) {
+		// Stopped because no renewal came in time, and one did since: the
+		// lease was never lost. Release it, and report the command's end.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := lease.Release(rctx); err != nil {
+			fmt.Fprintf(g.stderr, "pgfence: %s\n", message(err))
+		}
+		return exitError{max(code, 1), fmt.Errorf("%s %s after it was stopped: no renewal of the lease on %s succeeded in time, one did since (the lease was not lost, and is released)", argv[0], ended, resource)}
+	}
 	if !termAt.IsZero() {
 		// Lost: do not wait on a database that may not answer. Releasing
 		// with a context that is already done stops the keepalive and the

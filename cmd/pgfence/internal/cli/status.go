@@ -46,6 +46,9 @@ type watchJSON struct {
 	At       time.Time          `json:"at"`
 	Leases   []statusJSON       `json:"leases"`
 	Refusals []refusalCountJSON `json:"refusals"`
+	// Budget is fence.token_budget() (budget.go); absent on a kit older
+	// than version 9.
+	Budget *budgetJSON `json:"budget,omitempty"`
 }
 
 // watchErrorJSON is the line of a tick whose read failed.
@@ -103,7 +106,7 @@ per-resource series and keeps the totals.`,
   pgfence status --watch
   pgfence status --watch=10s --json
   pgfence status --format prometheus
-  pgfence status --format prometheus --watch=15s --output /var/lib/node_exporter/textfile/pgfence.prom`,
+  pgfence status --format prometheus --watch=15s --output /var/lib/prometheus/node-exporter/pgfence.prom`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.check(cmd, args, g.json); err != nil {
@@ -174,6 +177,7 @@ type statusRun struct {
 type statusRead struct {
 	leases   []gofence.LeaseInfo
 	refusals []sqlfuncs.Refusal // nil when not read
+	budget   *budgetJSON        // read with the refusals; nil when not read or the kit predates it
 	// notGranted: resource was asked for and has never been granted.
 	notGranted bool
 }
@@ -200,6 +204,9 @@ func (st *statusRun) read(ctx context.Context, withRefusals bool) (statusRead, e
 	if withRefusals {
 		var err error
 		if r.refusals, err = sqlfuncs.Refusals(ctx, st.pool); err != nil {
+			return r, explainDenied(ctx, st.pool, err)
+		}
+		if r.budget, err = readBudget(ctx, st.pool); err != nil {
 			return r, explainDenied(ctx, st.pool, err)
 		}
 	}
@@ -282,7 +289,7 @@ func (st *statusRun) show(r statusRead, readErr error, terminal bool) error {
 		}
 		return st.writeProm(r)
 	case st.g.json:
-		var line any = watchJSON{At: now, Leases: statusRows(r.leases), Refusals: refusalRows(r.refusals)}
+		var line any = watchJSON{At: now, Leases: statusRows(r.leases), Refusals: refusalRows(r.refusals), Budget: r.budget}
 		if readErr != nil {
 			line = watchErrorJSON{At: now, Error: message(readErr)}
 		}
@@ -311,6 +318,9 @@ func (st *statusRun) show(r statusRead, readErr error, terminal bool) error {
 			parts[i] = fmt.Sprintf("%s (%s) %d", f.SQLState, f.Reason, f.Count)
 		}
 		fmt.Fprintf(&b, "\nrefused since the install: %s\n", strings.Join(parts, ", "))
+		if r.budget != nil {
+			fmt.Fprintf(&b, "token budget: %s\n", r.budget)
+		}
 	}
 	if !terminal {
 		b.WriteString("\n") // frames one after the other in a file or a pipe

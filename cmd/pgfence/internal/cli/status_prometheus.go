@@ -64,6 +64,16 @@ func promStatus(r statusRead, perResource bool) string {
 			p.sample("pgfence_write_refusals_total", []string{"sqlstate", f.SQLState, "reason", f.Reason}, strconv.FormatInt(f.Count, 10))
 		}
 	}
+	if b := r.budget; b != nil {
+		p.family("pgfence_token_epoch", "gauge", "The epoch of the grants made now (fence.token_budget); each promotion and restore the kit sees moves it one up.")
+		p.sample("pgfence_token_epoch", nil, strconv.FormatInt(b.Epoch, 10))
+		p.family("pgfence_token_epochs_left", "gauge", "Later epochs the token layout has room for (2^20 - 1 - epoch).")
+		p.sample("pgfence_token_epochs_left", nil, strconv.FormatInt(b.EpochsLeft, 10))
+		p.family("pgfence_token_counter_moves_left", "gauge", "Crash restarts the shared token counter can still move 2^32 past, for the install's whole life (2047 on a fresh install).")
+		p.sample("pgfence_token_counter_moves_left", nil, strconv.FormatInt(b.CounterMovesLeft, 10))
+		p.family("pgfence_token_grants_left", "gauge", "Grants the shared token counter has room for, with no crash restart (a float: exact below 2^53).")
+		p.sample("pgfence_token_grants_left", nil, strconv.FormatInt(b.GrantsLeft, 10))
+	}
 	if !perResource || len(rows) == 0 {
 		return p.String()
 	}

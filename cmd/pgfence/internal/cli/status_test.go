@@ -186,7 +186,9 @@ func TestStatusPrometheus(t *testing.T) {
 			}
 		}
 		sort.Strings(names)
-		require.Equal(t, []string{"pgfence_lease_max_held_seconds", "pgfence_lease_min_expires_in_seconds", "pgfence_leases", "pgfence_up", "pgfence_write_refusals_total"}, names)
+		require.Equal(t, []string{"pgfence_lease_max_held_seconds", "pgfence_lease_min_expires_in_seconds", "pgfence_leases",
+			"pgfence_token_counter_moves_left", "pgfence_token_epoch", "pgfence_token_epochs_left", "pgfence_token_grants_left",
+			"pgfence_up", "pgfence_write_refusals_total"}, names)
 	})
 
 	t.Run("output replaces a file whole", func(t *testing.T) {
