@@ -259,6 +259,207 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------
+-- 5. Per-row guard and producers
+-- ---------------------------------------------------------------------------
+
+-- Every per-row table guarded by section 5's functions gets 008's guard
+-- back (008's generated functions were never dropped). The migrating role
+-- must own them all: the down refuses, changing nothing, and names the
+-- others.
+DO $$
+DECLARE
+    others text;
+BEGIN
+    SELECT pg_catalog.string_agg(t.tgrelid::pg_catalog.regclass::pg_catalog.text, ', ' ORDER BY t.tgrelid::pg_catalog.regclass::pg_catalog.text) INTO others
+      FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+     WHERE t.tgname = '~fence_rows_2_kids' AND NOT pg_catalog.pg_has_role(CURRENT_USER, c.relowner, 'USAGE');
+    IF others IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: the down of migration 9 re-protects every per-row table, and % does not own %', CURRENT_USER, others
+            USING ERRCODE = '42501', HINT = 'run the down as a role that owns those tables (or is a member of their owners), or as a superuser';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fence.protect_rows(tbl regclass, resource_column name, resource_prefix text DEFAULT '', token_column name DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    qn     text;
+    fn     regprocedure;
+    a      record;
+    tc     text := coalesce(token_column, '');
+    always boolean;
+BEGIN
+    qn := fence._owned_table(tbl, 'protect_rows');
+    IF resource_prefix IS NULL THEN
+        RAISE EXCEPTION 'pgfence: resource_prefix must not be NULL' USING ERRCODE = '22004', HINT = 'pass '''' for no prefix';
+    END IF;
+    IF char_length(resource_prefix) > 200 THEN
+        RAISE EXCEPTION 'pgfence: resource_prefix is % characters long; the limit is 200', char_length(resource_prefix)
+            USING ERRCODE = '22001', HINT = 'resource names are at most 255 characters, prefix included';
+    END IF;
+    PERFORM fence._protectable(tbl);
+    IF resource_column IS NULL THEN
+        RAISE EXCEPTION 'pgfence: resource_column must not be NULL' USING ERRCODE = '22004', HINT = 'pass the column that names each row''s resource';
+    END IF;
+    SELECT x.atttypid, x.attnotnull, x.attgenerated INTO a FROM pg_attribute x
+     WHERE x.attrelid = tbl AND x.attname = resource_column AND x.attnum > 0 AND NOT x.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: column % of table % does not exist', resource_column, tbl
+            USING ERRCODE = '42703', HINT = 'pass the column that names each row''s resource (for example its primary key)';
+    END IF;
+    IF a.atttypid NOT IN ('int2'::regtype::oid, 'int4'::regtype::oid, 'int8'::regtype::oid, 'text'::regtype::oid, 'varchar'::regtype::oid, 'uuid'::regtype::oid) THEN
+        RAISE EXCEPTION 'pgfence: resource column % of table % has type %', resource_column, tbl, a.atttypid::regtype
+            USING ERRCODE = '42804', HINT = 'use a column of type smallint, integer, bigint, text, varchar or uuid';
+    END IF;
+    IF a.attgenerated <> '' THEN
+        RAISE EXCEPTION 'pgfence: resource column % of table % is a generated column', resource_column, tbl
+            USING ERRCODE = '42809', HINT = 'BEFORE triggers see generated columns before they are computed: use a plain column';
+    END IF;
+    IF NOT a.attnotnull THEN
+        RAISE EXCEPTION 'pgfence: resource column % of table % may be NULL', resource_column, tbl
+            USING ERRCODE = '42P16', HINT = format('ALTER TABLE %s ALTER COLUMN %I SET NOT NULL', qn, resource_column);
+    END IF;
+    IF token_column IS NOT NULL THEN
+        IF token_column = resource_column THEN
+            RAISE EXCEPTION 'pgfence: the token column and the resource column of % are both %', tbl, resource_column
+                USING ERRCODE = '42P16', HINT = 'keep the token in a bigint column of its own';
+        END IF;
+        PERFORM fence._check_token_column(tbl, qn, token_column);
+    END IF;
+    fn := fence._rows_function(tbl, resource_column, token_column);
+
+    always := EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = tbl AND t.tgenabled = 'A'
+                         AND t.tgname IN (SELECT fence._guard_triggers(tbl)));
+    PERFORM fence._drop_guards(tbl, qn);
+    IF token_column IS NOT NULL THEN
+        EXECUTE format('CREATE TRIGGER "~fence_guard_0_mark" BEFORE UPDATE OF %I ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L)',
+                       token_column, qn, fn::regproc, resource_prefix, tc, resource_column);
+        EXECUTE format('CREATE TRIGGER "~fence_guard_1_ins" BEFORE INSERT ON %s FOR EACH ROW WHEN (NEW.%I IS NULL) EXECUTE FUNCTION %s(%L, %L, %L)',
+                       qn, token_column, fn::regproc, resource_prefix, tc, resource_column);
+        EXECUTE format('CREATE TRIGGER "~fence_guard_1_row" BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L)',
+                       qn, fn::regproc, resource_prefix, tc, resource_column);
+    END IF;
+    EXECUTE format('CREATE TRIGGER "~fence_rows_2_ins" AFTER INSERT ON %s REFERENCING NEW TABLE AS fence_new FOR EACH STATEMENT EXECUTE FUNCTION %s(%L, %L, %L)',
+                   qn, fn::regproc, resource_prefix, tc, resource_column);
+    EXECUTE format('CREATE TRIGGER "~fence_rows_2_upd" AFTER UPDATE ON %s REFERENCING OLD TABLE AS fence_old NEW TABLE AS fence_new FOR EACH STATEMENT EXECUTE FUNCTION %s(%L, %L, %L)',
+                   qn, fn::regproc, resource_prefix, tc, resource_column);
+    EXECUTE format('CREATE TRIGGER "~fence_rows_2_del" AFTER DELETE ON %s REFERENCING OLD TABLE AS fence_old FOR EACH STATEMENT EXECUTE FUNCTION %s(%L, %L, %L)',
+                   qn, fn::regproc, resource_prefix, tc, resource_column);
+    EXECUTE format('CREATE TRIGGER "~fence_rows_3_pin" AFTER DELETE ON %s REFERENCING OLD TABLE AS fence_old FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s(%L, %L, %L)',
+                   qn, fence._pin_condition(resource_column, token_column), fn::regproc, resource_prefix, tc, resource_column);
+    EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._rows_truncate(%L, %L, %L)',
+                   qn, resource_prefix, tc, resource_column);
+    IF always THEN
+        PERFORM fence.fire_always(tbl, true);
+    END IF;
+    IF token_column IS NOT NULL THEN
+        PERFORM fence._floor_from_column(tbl, qn, token_column);
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    fn regprocedure;
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'pgfence: role must not be NULL' USING ERRCODE = '22004', HINT = 'pass the name of the application role';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role) THEN
+        RAISE EXCEPTION 'pgfence: role % does not exist', role USING ERRCODE = '42704', HINT = 'create the role first (CREATE ROLE)';
+    END IF;
+    EXECUTE format('GRANT USAGE ON SCHEMA fence TO %I', role);
+    EXECUTE format('GRANT SELECT ON fence.leases, fence.protected, fence.lease, fence.refusals TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval, boolean), fence.acquire_session(text, text),
+        fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
+        fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
+        fence.protect_rows(regclass, name, text, name),
+        fence._guard_row(), fence._guard_stmt(), fence._guard_use_token(), fence._rows_truncate(),
+        fence._registered_token(text, text, oid), fence._check_many(text[], bigint[], text, oid),
+        fence._check_name(text, text), fence._lease_key(text, bigint), fence._gate_key(text), fence._trigger_arg(bytea, integer),
+        fence._guard_function(regclass, name), fence._rows_function(regclass, name, name),
+        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
+        fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
+        fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
+        fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
+        fence.try_xact_lock(text), fence.version() TO %I', role);
+    FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+               WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, role);
+    END LOOP;
+    IF operator THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION fence.revoke(text), fence._raise_floor(bigint) TO %I', role);
+    END IF;
+END
+$$;
+
+
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT t.tgrelid::pg_catalog.regclass AS tbl, fence._trigger_arg(t.tgargs, 0) AS pre,
+                    NULLIF(fence._trigger_arg(t.tgargs, 1), '')::pg_catalog.name AS tcol,
+                    fence._trigger_arg(t.tgargs, 2)::pg_catalog.name AS rcol
+               FROM pg_catalog.pg_trigger t
+              WHERE t.tgname = '~fence_rows_2_kids' ORDER BY 1 LOOP
+        PERFORM fence.protect_rows(r.tbl, r.rcol, r.pre, r.tcol);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE VIEW fence.protected AS
+SELECT t.tgrelid::regclass AS tbl,
+       fence._trigger_arg(t.tgargs, 0) AS resource,
+       (CASE WHEN pg_catalog.bool_or(t.tgname = '~fence_rows_2_upd')
+             THEN NULLIF(max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'), '')
+             ELSE max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname IN ('zz_fence_guard_row', '~fence_guard_1_row')) END)::name AS token_column,
+       (SELECT pg_catalog.array_agg(r.rolname ORDER BY r.rolname)
+          FROM pg_catalog.pg_roles r, pg_catalog.pg_class c
+         WHERE c.oid = t.tgrelid
+           AND NOT r.rolsuper
+           AND NOT pg_catalog.pg_has_role(r.oid, c.relowner, 'USAGE')
+           AND pg_catalog.has_table_privilege(r.oid, t.tgrelid, 'TRIGGER')) AS trigger_roles,
+       CASE WHEN pg_catalog.bool_or(t.tgname = '~fence_rows_2_upd') THEN 'rows' ELSE 'table' END AS form,
+       (max(fence._trigger_arg(t.tgargs, 2)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'))::name AS resource_column,
+       (SELECT pg_catalog.bool_and(g.tgenabled = 'A') FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc p ON p.oid = g.tgfoid
+         WHERE g.tgrelid = t.tgrelid AND p.pronamespace = 'fence'::pg_catalog.regnamespace AND NOT g.tgisinternal) AS fires_always,
+       (SELECT pg_catalog.bool_and(g.tgenabled IN ('O', 'A')) FROM pg_catalog.pg_trigger g JOIN pg_catalog.pg_proc p ON p.oid = g.tgfoid
+         WHERE g.tgrelid = t.tgrelid AND p.pronamespace = 'fence'::pg_catalog.regnamespace AND NOT g.tgisinternal) AS enabled
+  FROM pg_catalog.pg_trigger t
+ WHERE t.tgname IN ('zz_fence_guard_row', '~fence_guard_1_row', 'zz_fence_guard_stmt', '~fence_rows_2_upd')
+   AND t.tgfoid IN (SELECT p.oid FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace)
+ GROUP BY t.tgrelid, fence._trigger_arg(t.tgargs, 0);
+
+DO $$
+DECLARE
+    fn pg_catalog.regprocedure;
+BEGIN
+    FOR fn IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
+               WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_rows_[0-9a-f]{32}$'
+                 AND pg_catalog.obj_description(p.oid, 'pg_proc') ~ 'fence\._rows9_(mark_)?source\(' LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+    END LOOP;
+END
+$$;
+DROP FUNCTION fence.allow_producers(regclass, boolean);
+DROP FUNCTION fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean);
+DROP FUNCTION fence._rows9_function(regclass, name, name);
+DROP FUNCTION fence._rows9_source(name, name);
+DROP FUNCTION fence._rows9_mark_source(name, name);
+DROP FUNCTION fence._rows_kids();
+DROP FUNCTION fence._rows_slow(text, bigint, text, oid, boolean, boolean);
+DROP FUNCTION fence._lock_check(text, bigint);
+
+-- ---------------------------------------------------------------------------
 -- 9. Version
 -- ---------------------------------------------------------------------------
 

@@ -946,6 +946,20 @@ AS $function$
                        ELSE false END
 $function$;
 
+CREATE OR REPLACE FUNCTION fence._lock_check(res text, tok bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    ok boolean;
+BEGIN
+    SELECT x.token = tok INTO ok FROM fence.lease x WHERE x.resource = res FOR KEY SHARE;
+    RETURN ok;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION fence._lock_lease(res text, wait_ms bigint, OUT locked boolean, OUT lease fence.lease)
  RETURNS record
  LANGUAGE plpgsql
@@ -1204,6 +1218,202 @@ CREATE OR REPLACE FUNCTION fence._row_xact()
  IMMUTABLE
 AS $function$ SELECT pg_catalog.pg_current_xact_id() $function$;
 
+CREATE OR REPLACE FUNCTION fence._rows9_function(tbl regclass, rcol name, tcol name)
+ RETURNS regprocedure
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    g     record;
+    fn    regprocedure;
+    rl    name;
+BEGIN
+    PERFORM fence._guard_maker(tbl);
+    PERFORM fence._columns_of(tbl, ARRAY[rcol, tcol]);
+    -- both creation locks, then the unused generated functions dropped (as
+    -- section 4 does in fence._rows_function) but the row guard's: an
+    -- unused mark function is dropped and made again below
+    PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), '')))))
+       FROM (VALUES ('9'), ('9m')) v(k) WHERE v.k = '9' OR tcol IS NOT NULL ORDER BY v.k;
+    PERFORM fence._drop_unused_guards('_rows_' || md5(format('9:%I,%s', rcol, coalesce(quote_ident(tcol), ''))));
+    FOR g IN SELECT v.k, '_rows_' || md5(format('%s:%I,%s', v.k, rcol, coalesce(quote_ident(tcol), ''))) AS fname,
+                    CASE v.k WHEN '9' THEN fence._rows9_source(rcol, tcol) ELSE fence._rows9_mark_source(rcol, tcol) END AS src,
+                    CASE v.k WHEN '9' THEN 'guard' ELSE 'mark trigger' END AS what,
+                    CASE v.k WHEN '9' THEN '_rows9_source' ELSE '_rows9_mark_source' END AS body
+               FROM (VALUES ('9'), ('9m')) v(k)
+              WHERE v.k = '9' OR tcol IS NOT NULL
+              ORDER BY v.k DESC LOOP
+        PERFORM pg_advisory_xact_lock(fence._gate_key('guard function ' || g.fname));
+        fn := to_regprocedure(format('fence.%I()', g.fname));
+        EXECUTE format('CREATE OR REPLACE FUNCTION fence.%I() RETURNS trigger LANGUAGE plpgsql VOLATILE AS %L', g.fname, g.src);
+        IF fn IS NULL THEN
+            EXECUTE format('COMMENT ON FUNCTION fence.%I() IS %L', g.fname,
+                           format('pgfence %s of per-row tables whose resource column is %I and token column %s (body: fence.%s(%L, %L))',
+                                  g.what, rcol, coalesce(quote_ident(tcol), 'none'), g.body, rcol, tcol));
+            EXECUTE format('REVOKE ALL ON FUNCTION fence.%I() FROM PUBLIC', g.fname);
+            fn := format('fence.%I()', g.fname)::regprocedure;
+            FOR rl IN SELECT r.rolname FROM pg_roles r, pg_proc p, aclexplode(p.proacl) x
+                       WHERE p.oid = 'fence.protect_rows(regclass, name, text, name)'::regprocedure
+                         AND x.grantee = r.oid AND x.privilege_type = 'EXECUTE' LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, rl);
+            END LOOP;
+        END IF;
+    END LOOP;
+    RETURN format('fence.%I()', '_rows_' || md5(format('9:%I,%s', rcol, coalesce(quote_ident(tcol), ''))))::regprocedure;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION fence._rows9_mark_source(rcol name, tcol name)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN tcol IS NOT NULL THEN pg_catalog.format($s$
+BEGIN
+    IF NEW.%2$I OPERATOR(pg_catalog.>) 0
+       AND (NEW.%2$I OPERATOR(pg_catalog.<>) OLD.%2$I OR OLD.%2$I IS NULL OR pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.=) 1) THEN
+        NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+        RETURN NEW;
+    END IF;
+    IF NEW.%2$I OPERATOR(pg_catalog.=) OLD.%2$I AND pg_catalog.pg_trigger_depth() OPERATOR(pg_catalog.>) 1 THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.%2$I OPERATOR(pg_catalog.<=) 0 THEN
+        PERFORM fence.check((TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C", NEW.%2$I);
+    END IF;
+    NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;
+    RETURN NEW;
+END
+$s$, rcol, tcol) END
+$function$;
+
+CREATE OR REPLACE FUNCTION fence._rows9_source(rcol name, tcol name)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT pg_catalog.format(CASE WHEN tcol IS NOT NULL THEN
+$s$
+DECLARE
+    res pg_catalog.text;
+    tok pg_catalog.int8;
+    was pg_catalog.text;
+BEGIN
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+        IF NEW.%2$I OPERATOR(pg_catalog.<) 0 AND (OLD.%2$I IS NULL OR NEW.%2$I OPERATOR(pg_catalog.<>) OLD.%2$I) THEN
+            NEW.%2$I := OPERATOR(pg_catalog.-) NEW.%2$I;  -- presented (marked by the mark trigger)
+        ELSE
+            NEW.%2$I := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+        END IF;
+        IF fence._lock_check(res, NEW.%2$I) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+            PERFORM fence._rows_slow(res, NEW.%2$I, TG_OP, TG_RELID, false, false);
+        END IF;
+        -- a row moved to another resource needs the old one's token too
+        -- (registered with fence.use_token)
+        IF ((TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
+            was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+            tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
+            IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
+            END IF;
+        END IF;
+        RETURN NEW;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+        res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+        IF NEW.%2$I IS NULL THEN
+            NEW.%2$I := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+        END IF;
+        IF fence._lock_check(res, NEW.%2$I) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+            PERFORM fence._rows_slow(res, NEW.%2$I, TG_OP, TG_RELID, TG_NARGS OPERATOR(pg_catalog.>) 3, false);
+        END IF;
+        RETURN NEW;
+    END IF;
+    res := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+    tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, false, true);
+    END IF;
+    RETURN OLD;
+END
+$s$
+        ELSE
+$s$
+DECLARE
+    res pg_catalog.text;
+    tok pg_catalog.int8;
+    was pg_catalog.text;
+BEGIN
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+        res := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+        tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+        IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+            PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, false, true);
+        END IF;
+        RETURN OLD;
+    END IF;
+    res := (TG_ARGV[0] OPERATOR(pg_catalog.||) NEW.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+    tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) res)::pg_catalog.int8;
+    IF fence._lock_check(res, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+        PERFORM fence._rows_slow(res, tok, TG_OP, TG_RELID, TG_OP OPERATOR(pg_catalog.=) 'INSERT' AND TG_NARGS OPERATOR(pg_catalog.>) 3, false);
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        -- a row moved to another resource needs the old one's token too
+        -- (registered with fence.use_token)
+        IF ((TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C" OPERATOR(pg_catalog.=) res) IS NOT TRUE THEN
+            was := (TG_ARGV[0] OPERATOR(pg_catalog.||) OLD.%1$I::pg_catalog.text) COLLATE pg_catalog."C";
+            tok := (CASE WHEN pg_catalog.current_setting('fence.tokens', true) OPERATOR(pg_catalog.<>) '' THEN pg_catalog.current_setting('fence.tokens', true)::pg_catalog.jsonb END OPERATOR(pg_catalog.->>) was)::pg_catalog.int8;
+            IF fence._lock_check(was, tok) IS NOT TRUE OR CURRENT_USER OPERATOR(pg_catalog.<>) fence._acting_role() THEN
+                PERFORM fence._rows_slow(was, tok, TG_OP, TG_RELID, false, true);
+            END IF;
+        END IF;
+    END IF;
+    RETURN NEW;
+END
+$s$
+        END, rcol, tcol)
+$function$;
+
+CREATE OR REPLACE FUNCTION fence._rows9_triggers(tbl regclass, qn text, fn regprocedure, rcol name, pre text, tcol name, producers boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    tc     text := coalesce(tcol, '');
+    always boolean;
+BEGIN
+    always := EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = tbl AND t.tgenabled = 'A'
+                         AND t.tgname IN (SELECT fence._guard_triggers(tbl)));
+    PERFORM fence._drop_guards(tbl, qn);
+    IF tcol IS NOT NULL THEN
+        EXECUTE format('CREATE TRIGGER "~fence_guard_0_mark" BEFORE UPDATE OF %I ON %s FOR EACH ROW EXECUTE FUNCTION fence.%I(%L, %L, %L)',
+                       tcol, qn, '_rows_' || md5(format('9m:%I,%s', rcol, quote_ident(tcol))), pre, tc, rcol);
+    END IF;
+    IF producers THEN
+        EXECUTE format('CREATE TRIGGER "~fence_guard_1_row" BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L, %L)',
+                       qn, fn::regproc, pre, tc, rcol, 'producers');
+    ELSE
+        EXECUTE format('CREATE TRIGGER "~fence_guard_1_row" BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L)',
+                       qn, fn::regproc, pre, tc, rcol);
+    END IF;
+    -- UPDATE and DELETE only: an INSERT into the table never writes a child.
+    EXECUTE format('CREATE TRIGGER "~fence_rows_2_kids" BEFORE UPDATE OR DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._rows_kids(%L, %L, %L)',
+                   qn, pre, tc, rcol);
+    -- Never fires: it makes the columns a dependency of a trigger, so that
+    -- ALTER COLUMN ... TYPE (which would change the resource names the
+    -- guard computes) is refused while the table is protected.
+    EXECUTE format('CREATE TRIGGER "~fence_rows_3_cols" AFTER UPDATE OF %s ON %s FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION fence._rows_kids(%L, %L, %L)',
+                   concat_ws(', ', quote_ident(rcol), quote_ident(tcol)), qn, pre, tc, rcol);
+    EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._rows_truncate(%L, %L, %L)',
+                   qn, pre, tc, rcol);
+    IF always THEN
+        PERFORM fence.fire_always(tbl, true);
+    END IF;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION fence._rows_function(tbl regclass, rcol name, tcol name)
  RETURNS regprocedure
  LANGUAGE plpgsql
@@ -1234,6 +1444,75 @@ BEGIN
         END LOOP;
     END IF;
     RETURN fn;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION fence._rows_kids()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_inherits i WHERE i.inhparent OPERATOR(pg_catalog.=) TG_RELID) THEN
+        RAISE EXCEPTION 'pgfence: per-row protected table % has inheritance children', TG_RELID::pg_catalog.regclass
+            USING ERRCODE = '42809',
+                  HINT = 'the guard does not see the children''s rows as they are written: drop the children (or ALTER TABLE ... NO INHERIT), or fence.unprotect the table';
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION fence._rows_slow(res text, tok bigint, op text, rel oid, producers boolean, old_row boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    held integer;
+    why  text;
+BEGIN
+    IF CURRENT_USER <> fence._acting_role() THEN
+        PERFORM fence._acting_role_check(rel);
+    END IF;
+    IF res IS NULL AND NOT old_row THEN
+        -- before the NOT NULL constraint would say it (a later BEFORE
+        -- trigger could still change the row)
+        RAISE EXCEPTION 'pgfence: a row of % has no resource: its resource column is NULL', rel::regclass
+            USING ERRCODE = '23502', HINT = 'every row of a per-row table names its resource';
+    ELSIF res IS NULL THEN
+        PERFORM fence._refuse('FN003', format('pgfence: a row of %s has no resource: its resource column is NULL', rel::regclass),
+            'resource=NULL', 'declare the resource column NOT NULL');
+    END IF;
+    IF tok IS NULL AND producers AND op = 'INSERT' THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            why := 'a producer inserts under READ COMMITTED only';
+        ELSE
+            held := CASE WHEN current_setting('fence._gates', true) ~ '^[0-9]{1,4}$' THEN current_setting('fence._gates', true)::integer
+                         WHEN coalesce(current_setting('fence._gates', true), '') = '' THEN 0
+                         ELSE 64 END;
+            IF held >= 64 THEN
+                why := 'a transaction creates rows of at most 64 new resources without tokens';
+            ELSE
+                BEGIN  -- a subtransaction of its own, as in fence._check
+                    PERFORM pg_advisory_xact_lock_shared(fence._gate_key(res));
+                EXCEPTION WHEN OTHERS THEN
+                    RAISE;
+                END;
+                PERFORM set_config('fence._gates', (held + 1)::text, true);
+                IF NOT EXISTS (SELECT FROM fence.lease x WHERE x.resource = res) THEN
+                    RETURN;
+                END IF;
+                why := 'the resource was granted before, so only its holder may create its rows';
+            END IF;
+        END IF;
+        PERFORM fence._refuse('FN002',
+            format('pgfence: no fencing token for INSERT on protected table %s: %s', rel::regclass, why),
+            format('resource=%s token=NULL', res),
+            format('acquire %L and assign its token in the statement, or call fence.use_token(%L, token) earlier in this transaction', res, res));
+    END IF;
+    IF tok IS NULL THEN
+        PERFORM fence._registered_token(res, op, rel);
+    END IF;
+    PERFORM fence._check_many(ARRAY[res], ARRAY[tok], op, rel);
 END
 $function$;
 
@@ -1620,6 +1899,34 @@ END
 $function$;
 COMMENT ON FUNCTION fence.acquire_session(text,text) IS 'a new fencing token bound to this session (no TTL; ends on release or when the session ends), else NULL';
 
+CREATE OR REPLACE FUNCTION fence.allow_producers(tbl regclass, enabled boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    qn text := fence._owned_table(tbl, 'allow_producers');
+    g  record;
+BEGIN
+    IF enabled IS NULL THEN
+        RAISE EXCEPTION 'pgfence: enabled must not be NULL' USING ERRCODE = '22004', HINT = 'pass true (producers may insert rows of never-granted resources) or false';
+    END IF;
+    SELECT t.tgfoid::regprocedure AS fn, fence._trigger_arg(t.tgargs, 0) AS pre,
+           nullif(fence._trigger_arg(t.tgargs, 1), '')::name AS tcol, fence._trigger_arg(t.tgargs, 2)::name AS rcol
+      INTO g FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+     WHERE t.tgrelid = tbl AND t.tgname = '~fence_guard_1_row' AND t.tgnargs >= 3
+       AND p.pronamespace = 'fence'::regnamespace AND p.prosrc = fence._rows9_source(fence._trigger_arg(t.tgargs, 2)::name, nullif(fence._trigger_arg(t.tgargs, 1), '')::name);
+    IF g.fn IS NULL THEN
+        RAISE EXCEPTION 'pgfence: % is not guarded per row by this version of the kit', tbl
+            USING ERRCODE = '55000', HINT = 'run fence.protect_rows on it first (again, if it was protected before migration 9)';
+    END IF;
+    PERFORM fence._guard_maker(tbl);
+    PERFORM fence._rows9_triggers(tbl, qn, g.fn, g.rcol, g.pre, g.tcol, enabled);
+END
+$function$;
+COMMENT ON FUNCTION fence.allow_producers(regclass,boolean) IS 'lets an INSERT into per-row table tbl without a token create the row of a resource that was never granted (READ COMMITTED), or not (enabled => false, the default)';
+
 CREATE OR REPLACE FUNCTION fence."check"(resource text, token bigint)
  RETURNS void
  LANGUAGE plpgsql
@@ -1701,6 +2008,9 @@ BEGIN
         fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
         fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
         fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
+        fence._lock_check(text, bigint), fence._rows_slow(text, bigint, text, oid, boolean, boolean), fence._rows_kids(),
+        fence._rows9_source(name, name), fence._rows9_mark_source(name, name), fence._rows9_function(regclass, name, name),
+        fence._rows9_triggers(regclass, text, regprocedure, name, text, name, boolean), fence.allow_producers(regclass, boolean),
         fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
         fence.try_xact_lock(text), fence.version(), fence.token_budget() TO %I', role);
     FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
@@ -1780,8 +2090,7 @@ DECLARE
     qn     text;
     fn     regprocedure;
     a      record;
-    tc     text := coalesce(token_column, '');
-    always boolean;
+    prod   boolean;
 BEGIN
     qn := fence._owned_table(tbl, 'protect_rows');
     IF resource_prefix IS NULL THEN
@@ -1820,32 +2129,10 @@ BEGIN
         END IF;
         PERFORM fence._check_token_column(tbl, qn, token_column);
     END IF;
-    fn := fence._rows_function(tbl, resource_column, token_column);
-
-    always := EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = tbl AND t.tgenabled = 'A'
-                         AND t.tgname IN (SELECT fence._guard_triggers(tbl)));
-    PERFORM fence._drop_guards(tbl, qn);
-    IF token_column IS NOT NULL THEN
-        EXECUTE format('CREATE TRIGGER "~fence_guard_0_mark" BEFORE UPDATE OF %I ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L)',
-                       token_column, qn, fn::regproc, resource_prefix, tc, resource_column);
-        EXECUTE format('CREATE TRIGGER "~fence_guard_1_ins" BEFORE INSERT ON %s FOR EACH ROW WHEN (NEW.%I IS NULL) EXECUTE FUNCTION %s(%L, %L, %L)',
-                       qn, token_column, fn::regproc, resource_prefix, tc, resource_column);
-        EXECUTE format('CREATE TRIGGER "~fence_guard_1_row" BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L, %L)',
-                       qn, fn::regproc, resource_prefix, tc, resource_column);
-    END IF;
-    EXECUTE format('CREATE TRIGGER "~fence_rows_2_ins" AFTER INSERT ON %s REFERENCING NEW TABLE AS fence_new FOR EACH STATEMENT EXECUTE FUNCTION %s(%L, %L, %L)',
-                   qn, fn::regproc, resource_prefix, tc, resource_column);
-    EXECUTE format('CREATE TRIGGER "~fence_rows_2_upd" AFTER UPDATE ON %s REFERENCING OLD TABLE AS fence_old NEW TABLE AS fence_new FOR EACH STATEMENT EXECUTE FUNCTION %s(%L, %L, %L)',
-                   qn, fn::regproc, resource_prefix, tc, resource_column);
-    EXECUTE format('CREATE TRIGGER "~fence_rows_2_del" AFTER DELETE ON %s REFERENCING OLD TABLE AS fence_old FOR EACH STATEMENT EXECUTE FUNCTION %s(%L, %L, %L)',
-                   qn, fn::regproc, resource_prefix, tc, resource_column);
-    EXECUTE format('CREATE TRIGGER "~fence_rows_3_pin" AFTER DELETE ON %s REFERENCING OLD TABLE AS fence_old FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s(%L, %L, %L)',
-                   qn, fence._pin_condition(resource_column, token_column), fn::regproc, resource_prefix, tc, resource_column);
-    EXECUTE format('CREATE TRIGGER zz_fence_guard_stmt BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fence._rows_truncate(%L, %L, %L)',
-                   qn, resource_prefix, tc, resource_column);
-    IF always THEN
-        PERFORM fence.fire_always(tbl, true);
-    END IF;
+    fn := fence._rows9_function(tbl, resource_column, token_column);
+    prod := EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = tbl AND t.tgname = '~fence_guard_1_row' AND t.tgnargs = 4
+                       AND fence._trigger_arg(t.tgargs, 3) = 'producers');
+    PERFORM fence._rows9_triggers(tbl, qn, fn, resource_column, resource_prefix, token_column, prod);
     IF token_column IS NOT NULL THEN
         PERFORM fence._floor_from_column(tbl, qn, token_column);
     END IF;
@@ -2078,7 +2365,7 @@ CREATE VIEW fence.protected AS
  SELECT t.tgrelid::regclass AS tbl,
     fence._trigger_arg(t.tgargs, 0) AS resource,
         CASE
-            WHEN bool_or(t.tgname = '~fence_rows_2_upd'::name) THEN NULLIF(max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'::name), ''::text)
+            WHEN bool_or(t.tgname = '~fence_rows_2_upd'::name OR t.tgname = '~fence_guard_1_row'::name AND t.tgnargs >= 3) THEN NULLIF(max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'::name OR t.tgname = '~fence_guard_1_row'::name AND t.tgnargs >= 3), ''::text)
             ELSE max(fence._trigger_arg(t.tgargs, 1)) FILTER (WHERE t.tgname = ANY (ARRAY['zz_fence_guard_row'::name, '~fence_guard_1_row'::name]))
         END::name AS token_column,
     ( SELECT array_agg(r.rolname ORDER BY r.rolname) AS array_agg
@@ -2086,10 +2373,10 @@ CREATE VIEW fence.protected AS
             pg_class c
           WHERE c.oid = t.tgrelid AND NOT r.rolsuper AND NOT pg_has_role(r.oid, c.relowner, 'USAGE'::text) AND has_table_privilege(r.oid, t.tgrelid, 'TRIGGER'::text)) AS trigger_roles,
         CASE
-            WHEN bool_or(t.tgname = '~fence_rows_2_upd'::name) THEN 'rows'::text
+            WHEN bool_or(t.tgname = '~fence_rows_2_upd'::name OR t.tgname = '~fence_guard_1_row'::name AND t.tgnargs >= 3) THEN 'rows'::text
             ELSE 'table'::text
         END AS form,
-    max(fence._trigger_arg(t.tgargs, 2)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'::name)::name AS resource_column,
+    max(fence._trigger_arg(t.tgargs, 2)) FILTER (WHERE t.tgname = '~fence_rows_2_upd'::name OR t.tgname = '~fence_guard_1_row'::name AND t.tgnargs >= 3)::name AS resource_column,
     ( SELECT bool_and(g.tgenabled = 'A'::"char") AS bool_and
            FROM pg_trigger g
              JOIN pg_proc p ON p.oid = g.tgfoid

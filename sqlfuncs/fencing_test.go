@@ -170,6 +170,26 @@ func waitLockWait(t *testing.T, ctx context.Context, db *pgxpool.Pool, pid uint3
 	t.Fatalf("backend %d never waited for a lock", pid)
 }
 
+// waitGrantWait waits until backend pid waits for a lock or sleeps in a
+// grant's poll of a lease row locked by a writer (fence._lock_lease loops
+// on FOR UPDATE SKIP LOCKED with pg_sleep): the per-row guard of migration
+// 9 locks the lease row and takes no gate, so a grant waiting for a
+// per-row writer shows no lock wait.
+func waitGrantWait(t *testing.T, ctx context.Context, db *pgxpool.Pool, pid uint32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var waiting bool
+		require.NoError(t, db.QueryRow(ctx,
+			`SELECT coalesce(wait_event_type = 'Lock' OR wait_event = 'PgSleep', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+		if waiting {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("backend %d never waited for a lock or a lease row", pid)
+}
+
 func TestGrantWaitsForOpenGuardedTransaction(t *testing.T) {
 	t.Parallel()
 

@@ -277,7 +277,9 @@ func TestApplicationRolePrivileges(t *testing.T) {
 // its argument, fence._token_floor reads the token counter,
 // fence._raise_floor moves the epoch and is for operators only), the two of
 // migration 4 (fence._rows_function as fence._guard_function,
-// fence._check_many locks lease rows), and fence._durable since migration 5
+// fence._check_many locks lease rows), the two of migration 9
+// (fence._lock_check locks a lease row, fence._rows9_function as
+// fence._rows_function), and fence._durable since migration 5
 // (a deferred trigger runs as whoever commits, and it calls
 // fence._force_durable, which application roles may not call); and
 // nothing is executable by PUBLIC. The exception to pinning is the row
@@ -307,7 +309,8 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		                     'fence._raise_floor(bigint)'::regprocedure, 'fence._rows_function(regclass, name, name)'::regprocedure,
 		                     'fence._check_many(text[], bigint[], text, oid)'::regprocedure,
 		                     'fence._durable()'::regprocedure, 'fence._refuse(text, text, text, text)'::regprocedure,
-		                     'fence._check(text, bigint)'::regprocedure)`)
+		                     'fence._check(text, bigint)'::regprocedure,
+		                     'fence._lock_check(text, bigint)'::regprocedure, 'fence._rows9_function(regclass, name, name)'::regprocedure)`)
 	require.NoError(t, err)
 	definers, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -170,6 +170,20 @@ func ProtectRows(ctx context.Context, db DB, table, resourceColumn, prefix, toke
 	return exec(ctx, db, `SELECT fence.protect_rows($1::regclass, $2::name, $3, $4::name)`, table, resourceColumn, prefix, nullText(tokenColumn))
 }
 
+// AllowProducers calls fence.allow_producers(table, enabled) (migration 9):
+// with enabled, an INSERT into the per-row table that presents no token
+// creates the row of a resource that was never granted (no lease row), so
+// a producer can enqueue rows without a lease per row; a resource that was
+// ever granted still needs its latest token (FN002 without one, FN001 with
+// a stale one). Such an INSERT runs under READ COMMITTED (FN002 under the
+// other levels) and serializes with the resource's first grant through the
+// resource's gate, at most 64 new resources per transaction. Off by
+// default; ProtectRows keeps the setting. Only the table's owner may change
+// it; the table must be guarded per row by migration 9's guard.
+func AllowProducers(ctx context.Context, db DB, table string, enabled bool) error {
+	return exec(ctx, db, `SELECT fence.allow_producers($1::regclass, $2)`, table, enabled)
+}
+
 // FireAlways calls fence.fire_always(table, enabled): with enabled, the
 // guards of a protected table (either form) fire in replica mode too
 // (session_replication_role = replica, which superusers and roles granted

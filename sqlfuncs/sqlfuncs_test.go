@@ -104,6 +104,7 @@ func TestEveryFunctionHasABinding(t *testing.T) {
 		"protect_rows":    sqlfuncs.ProtectRows,
 		"unprotect":       sqlfuncs.Unprotect,
 		"fire_always":     sqlfuncs.FireAlways,
+		"allow_producers": sqlfuncs.AllowProducers,
 		"lock_key":        sqlfuncs.LockKey,
 		"try_lock":        sqlfuncs.TryLock,
 		"unlock":          sqlfuncs.Unlock,

@@ -65,7 +65,7 @@ func TestDoctorReportsWhatGetsAroundTheGuards(t *testing.T) {
 	exec(`ALTER TABLE off DISABLE TRIGGER "~fence_guard_1_row"`)
 	exec(`CREATE TABLE rowsoff (id int NOT NULL, tok bigint)`)
 	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "rowsoff", "id", "r:", "tok"))
-	exec(`ALTER TABLE rowsoff DISABLE TRIGGER "~fence_rows_2_upd"`)
+	exec(`ALTER TABLE rowsoff DISABLE TRIGGER "~fence_guard_1_row"`)
 
 	all := guardFindings(t, db.URL)
 	require.Contains(t, all, "warn roles other than the owner can create triggers on granted: "+etl)
@@ -164,7 +164,7 @@ func TestDoctorReportsGuardsThatFireInReplicaModeOnly(t *testing.T) {
 	exec(`CREATE TABLE perrow (id int NOT NULL, tok bigint)`)
 	require.NoError(t, sqlfuncs.ProtectRows(ctx, db.Pool, "perrow", "id", "r:", "tok"))
 	exec(`ALTER TABLE wide ENABLE REPLICA TRIGGER "~fence_guard_1_row"`)
-	exec(`ALTER TABLE perrow ENABLE REPLICA TRIGGER "~fence_rows_2_upd"`)
+	exec(`ALTER TABLE perrow ENABLE REPLICA TRIGGER "~fence_guard_1_row"`)
 
 	exec(`INSERT INTO wide VALUES (1, NULL)`) // no token, and accepted
 	var enabled bool
