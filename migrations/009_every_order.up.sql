@@ -19,6 +19,9 @@
 --    TestRefusalsCountWritesThatTurnedReadOnlyOn).
 -- 4. Generated guard functions are bounded by the triggers that use them
 --    (break 5; TestGuardFunctionsAreBoundedByTheTriggersThatUseThem).
+-- 5. The per-row guard checks every row in its own row trigger (issue 29),
+--    and fence.allow_producers lets producers create rows of resources that
+--    were never granted (issue 28; sqlfuncs/producers_test.go).
 -- 6. fence.acquire grants a released or expired lease in one UPDATE (issue
 --    29's grant).
 
