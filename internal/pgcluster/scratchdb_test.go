@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -131,11 +130,14 @@ func TestWaitReady(t *testing.T) {
 		t.Fatalf("WaitReady: %v after %d checks; want nil after 3", err, calls)
 	}
 
+	// The check itself ends ctx, so that ctx ends after a check ran however
+	// slow the connection is (a 500 ms timeout ran out before the first
+	// connection on a machine running two copies of the suite).
 	never := errors.New("not yet")
-	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	withPassword := strings.Replace(adminURL, "postgres@", "postgres:sekrit@", 1)
-	err = pgcluster.WaitReady(ctx, withPassword, func(context.Context, *pgx.Conn) (bool, error) { return false, never })
+	err = pgcluster.WaitReady(ctx, withPassword, func(context.Context, *pgx.Conn) (bool, error) { cancel(); return false, never })
 	if !errors.Is(err, never) {
 		t.Fatalf("WaitReady past its ctx: %v; want the check's error", err)
 	}
