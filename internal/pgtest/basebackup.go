@@ -75,68 +75,27 @@ func (c *Cluster) StartBackup(t testing.TB) {
 // temporary replication slot of the backup's session keeps the primary
 // from recycling a segment in between.
 func copyBackupWithWAL(ctx context.Context, src, dst *pgcluster.Instance) error {
-	conn, err := pgx.Connect(ctx, src.URL("postgres"))
-	if err != nil {
-		return fmt.Errorf("connect to the primary: %w", err)
-	}
-	defer conn.Close(context.Background())
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return err
-	}
-	slot := pgcluster.ScratchName("pgtest_", 6)
-	if _, err := conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true, true)", slot); err != nil {
-		return fmt.Errorf("create replication slot: %w", err)
-	}
-	start, stop := "SELECT pg_backup_start($1, true)", "SELECT labelfile, spcmapfile FROM pg_backup_stop(false)"
-	if version < 150000 {
-		start, stop = "SELECT pg_start_backup($1, true, false)", "SELECT labelfile, spcmapfile FROM pg_stop_backup(false, false)"
-	}
-	if _, err := conn.Exec(ctx, start, filepath.Base(dst.Base)); err != nil {
-		return fmt.Errorf("start backup: %w", err)
-	}
-	if err := copyDataDir(src.Data, dst.Data); err != nil {
-		return err
-	}
-	var label, spcmap string
-	if err := conn.QueryRow(ctx, stop).Scan(&label, &spcmap); err != nil {
-		return fmt.Errorf("stop backup: %w", err)
-	}
-	owner, err := ownerOf(src.Data)
-	if err != nil {
-		return err
-	}
-	files := map[string]string{"backup_label": label}
-	if spcmap != "" {
-		files["tablespace_map"] = spcmap
-	}
-	for name, content := range files {
-		p := filepath.Join(dst.Data, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+	_, err := lowLevelBackup(ctx, src, dst, filepath.Base(dst.Base), true, nil, func(owner fileOwner) error {
+		wal, err := os.ReadDir(filepath.Join(src.Data, "pg_wal"))
+		if err != nil {
 			return err
 		}
-		if err := os.Lchown(p, owner.uid, owner.gid); err != nil {
-			return err
-		}
-	}
-	wal, err := os.ReadDir(filepath.Join(src.Data, "pg_wal"))
-	if err != nil {
-		return err
-	}
-	for _, e := range wal {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		from, to := filepath.Join(src.Data, "pg_wal", e.Name()), filepath.Join(dst.Data, "pg_wal", e.Name())
-		if err := copyFile(from, to, 0o600); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				continue // recycled: older than the backup's start
+		for _, e := range wal {
+			if !e.Type().IsRegular() {
+				continue
 			}
-			return err
+			from, to := filepath.Join(src.Data, "pg_wal", e.Name()), filepath.Join(dst.Data, "pg_wal", e.Name())
+			if err := copyFile(from, to, 0o600); err != nil {
+				if errors.Is(err, os.ErrNotExist) {
+					continue // recycled: older than the backup's start
+				}
+				return err
+			}
+			if err := os.Lchown(to, owner.uid, owner.gid); err != nil {
+				return err
+			}
 		}
-		if err := os.Lchown(to, owner.uid, owner.gid); err != nil {
-			return err
-		}
-	}
-	return nil
+		return nil
+	})
+	return err
 }

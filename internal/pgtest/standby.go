@@ -26,55 +26,78 @@ import (
 // that the primary keeps every WAL segment the standby will stream from the
 // backup's start.
 func copyBaseBackup(ctx context.Context, src, dst *pgcluster.Instance, appName string) error {
-	conn, err := pgx.Connect(ctx, src.URL("postgres"))
-	if err != nil {
-		return fmt.Errorf("connect to the primary: %w", err)
-	}
-	defer conn.Close(context.Background())
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return err
-	}
-	slot := pgcluster.ScratchName("pgtest_", 6)
-	if _, err := conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slot); err != nil {
-		return fmt.Errorf("create replication slot: %w", err)
-	}
-	start, stop := "SELECT pg_backup_start($1, true)", "SELECT labelfile, spcmapfile FROM pg_backup_stop(false)"
-	if version < 150000 {
-		start, stop = "SELECT pg_start_backup($1, true, false)", "SELECT labelfile, spcmapfile FROM pg_stop_backup(false, false)"
-	}
-	if _, err := conn.Exec(ctx, start, appName); err != nil {
-		return fmt.Errorf("start backup: %w", err)
-	}
-	if err := copyDataDir(src.Data, dst.Data); err != nil {
-		return err
-	}
-	var label, spcmap string
-	if err := conn.QueryRow(ctx, stop).Scan(&label, &spcmap); err != nil {
-		return fmt.Errorf("stop backup: %w", err)
-	}
-	owner, err := ownerOf(src.Data)
+	slot, err := lowLevelBackup(ctx, src, dst, appName, false, map[string]string{"standby.signal": ""}, nil)
 	if err != nil {
 		return err
-	}
-	files := map[string]string{"backup_label": label, "standby.signal": ""}
-	if spcmap != "" {
-		files["tablespace_map"] = spcmap
-	}
-	for name, content := range files {
-		p := filepath.Join(dst.Data, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			return err
-		}
-		if err := os.Lchown(p, owner.uid, owner.gid); err != nil {
-			return err
-		}
 	}
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", src.Port, appName)
 	return dst.AppendConf([]string{
 		"primary_conninfo = " + pgcluster.QuoteConf(conninfo),
 		"primary_slot_name = " + pgcluster.QuoteConf(slot),
 	})
+}
+
+// lowLevelBackup copies src's data directory into dst between
+// pg_backup_start and pg_backup_stop (pg_start_backup / pg_stop_backup
+// before 15) in one session, after creating a physical replication slot
+// (temporary: dropped when the session ends, else kept for a standby to
+// stream from), and writes the backup label, the tablespace map and extra
+// files into the copy. after, if not nil, runs before the session ends
+// (while a temporary slot still holds the WAL). It returns the slot's name.
+func lowLevelBackup(ctx context.Context, src, dst *pgcluster.Instance, label string, temporary bool, extra map[string]string, after func(fileOwner) error) (string, error) {
+	conn, err := pgx.Connect(ctx, src.URL("postgres"))
+	if err != nil {
+		return "", fmt.Errorf("connect to the primary: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return "", err
+	}
+	slot := pgcluster.ScratchName("pgtest_", 6)
+	if _, err := conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true, $2)", slot, temporary); err != nil {
+		return "", fmt.Errorf("create replication slot: %w", err)
+	}
+	start, stop := "SELECT pg_backup_start($1, true)", "SELECT labelfile, spcmapfile FROM pg_backup_stop(false)"
+	if version < 150000 {
+		start, stop = "SELECT pg_start_backup($1, true, false)", "SELECT labelfile, spcmapfile FROM pg_stop_backup(false, false)"
+	}
+	if _, err := conn.Exec(ctx, start, label); err != nil {
+		return "", fmt.Errorf("start backup: %w", err)
+	}
+	if err := copyDataDir(src.Data, dst.Data); err != nil {
+		return "", err
+	}
+	var labelFile, spcmap string
+	if err := conn.QueryRow(ctx, stop).Scan(&labelFile, &spcmap); err != nil {
+		return "", fmt.Errorf("stop backup: %w", err)
+	}
+	owner, err := ownerOf(src.Data)
+	if err != nil {
+		return "", err
+	}
+	files := map[string]string{"backup_label": labelFile}
+	if spcmap != "" {
+		files["tablespace_map"] = spcmap
+	}
+	for name, content := range extra {
+		files[name] = content
+	}
+	for name, content := range files {
+		p := filepath.Join(dst.Data, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			return "", err
+		}
+		if err := os.Lchown(p, owner.uid, owner.gid); err != nil {
+			return "", err
+		}
+	}
+	if after != nil {
+		if err := after(owner); err != nil {
+			return "", err
+		}
+	}
+	return slot, nil
 }
 
 type fileOwner struct{ uid, gid int }
