@@ -1,6 +1,7 @@
 package sqlfuncs_test
 
 import (
+	"context"
 	"maps"
 	"testing"
 	"time"
@@ -19,28 +20,9 @@ import (
 // SQLSTATE's count and to no other, and an accepted write adds nothing.
 func TestRefusalsCountEveryRefusedWrite(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, _, conn := refusalsFixture(t)
 	ctx := b.ctx
-	b.exec(t, `CREATE TABLE orders (id int, note text, fence_token bigint)`)
-	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "orders", "orders", "fence_token"))
-	app := pgtest.NewRole(t, "app")
-	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
-	b.exec(t, `GRANT SELECT, INSERT, UPDATE ON orders TO `+pgx.Identifier{app}.Sanitize())
-	conn := roleConn(t, b, app)
-
-	counts := func() map[string]int64 {
-		t.Helper()
-		rs, err := sqlfuncs.Refusals(ctx, conn)
-		require.NoError(t, err)
-		m := map[string]int64{}
-		var codes []string
-		for _, r := range rs {
-			m[r.SQLState] = r.Count
-			codes = append(codes, r.SQLState+" "+r.Reason)
-		}
-		require.Equal(t, []string{"FN001 stale token", "FN002 no token", "FN003 token never granted"}, codes)
-		return m
-	}
+	counts := func() map[string]int64 { t.Helper(); return refusalCounts(t, ctx, conn) }
 	// write runs sql in a transaction of its own as the application role and
 	// returns its error; a refused one is rolled back.
 	write := func(sql string, args ...any) error {
@@ -95,24 +77,9 @@ func TestRefusalsCountEveryRefusedWrite(t *testing.T) {
 // (FN002: a check there fails closed first with 25006 for a token).
 func TestRefusalsCountWritesThatTurnedReadOnlyOn(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, app, conn := refusalsFixture(t)
 	ctx := b.ctx
-	b.exec(t, `CREATE TABLE orders (id int, note text, fence_token bigint)`)
-	require.NoError(t, sqlfuncs.Protect(ctx, b.db.Pool, "orders", "orders", "fence_token"))
-	app := pgtest.NewRole(t, "app")
-	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, app, false))
-	b.exec(t, `GRANT SELECT, INSERT, UPDATE ON orders TO `+pgx.Identifier{app}.Sanitize())
-	conn := roleConn(t, b, app)
-	counts := func() map[string]int64 {
-		t.Helper()
-		rs, err := sqlfuncs.Refusals(ctx, conn)
-		require.NoError(t, err)
-		m := map[string]int64{}
-		for _, r := range rs {
-			m[r.SQLState] = r.Count
-		}
-		return m
-	}
+	counts := func() map[string]int64 { t.Helper(); return refusalCounts(t, ctx, conn) }
 	stale, ok, err := sqlfuncs.Acquire(ctx, conn, "orders", "app", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -147,4 +114,34 @@ func TestRefusalsCountWritesThatTurnedReadOnlyOn(t *testing.T) {
 		}
 		require.Equal(t, want, got, "after a refusal with %s in a transaction turned read-only (%s)", s.code, s.iso)
 	}
+}
+
+// refusalsFixture is a fresh database with table orders protected
+// table-wide (resource orders, token column fence_token) and an
+// application role granted usage and writes on it, with its connection.
+func refusalsFixture(t *testing.T) (*bundle, string, *pgx.Conn) {
+	t.Helper()
+	b := setup(t)
+	b.exec(t, `CREATE TABLE orders (id int, note text, fence_token bigint)`)
+	require.NoError(t, sqlfuncs.Protect(b.ctx, b.db.Pool, "orders", "orders", "fence_token"))
+	app := pgtest.NewRole(t, "app")
+	require.NoError(t, sqlfuncs.GrantUsage(b.ctx, b.db.Pool, app, false))
+	b.exec(t, `GRANT SELECT, INSERT, UPDATE ON orders TO `+pgx.Identifier{app}.Sanitize())
+	return b, app, roleConn(t, b, app)
+}
+
+// refusalCounts reads fence.refusals through Refusals as a map by
+// SQLSTATE, failing unless its rows are the three documented ones.
+func refusalCounts(t *testing.T, ctx context.Context, conn *pgx.Conn) map[string]int64 {
+	t.Helper()
+	rs, err := sqlfuncs.Refusals(ctx, conn)
+	require.NoError(t, err)
+	m := map[string]int64{}
+	var codes []string
+	for _, r := range rs {
+		m[r.SQLState] = r.Count
+		codes = append(codes, r.SQLState+" "+r.Reason)
+	}
+	require.Equal(t, []string{"FN001 stale token", "FN002 no token", "FN003 token never granted"}, codes)
+	return m
 }
