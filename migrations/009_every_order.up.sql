@@ -319,45 +319,8 @@ AS $$
 $$;
 COMMENT ON FUNCTION fence.token_budget() IS 'what is left of the token space: the epoch and the epochs left (promotions, restores), the counter, the grants and the crash restarts (counter moves of 2^32) left, and whether the kit can see a base backup started without recovery';
 
--- As in 008, and fence.token_budget().
-CREATE OR REPLACE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_variable
-DECLARE
-    fn regprocedure;
-BEGIN
-    IF role IS NULL THEN
-        RAISE EXCEPTION 'pgfence: role must not be NULL' USING ERRCODE = '22004', HINT = 'pass the name of the application role';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role) THEN
-        RAISE EXCEPTION 'pgfence: role % does not exist', role USING ERRCODE = '42704', HINT = 'create the role first (CREATE ROLE)';
-    END IF;
-    EXECUTE format('GRANT USAGE ON SCHEMA fence TO %I', role);
-    EXECUTE format('GRANT SELECT ON fence.leases, fence.protected, fence.lease, fence.refusals TO %I', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION fence.acquire(text, text, interval, boolean), fence.acquire_session(text, text),
-        fence.renew(text, bigint, interval), fence.release(text, bigint), fence.check(text, bigint),
-        fence.use_token(text, bigint), fence.protect(regclass, text, name), fence.unprotect(regclass),
-        fence.protect_rows(regclass, name, text, name),
-        fence._guard_row(), fence._guard_stmt(), fence._guard_use_token(), fence._rows_truncate(),
-        fence._registered_token(text, text, oid), fence._check_many(text[], bigint[], text, oid),
-        fence._check_name(text, text), fence._lease_key(text, bigint), fence._gate_key(text), fence._trigger_arg(bytea, integer),
-        fence._guard_function(regclass, name), fence._rows_function(regclass, name, name),
-        fence._acting_role(), fence._acting_role_check(oid), fence._refuse(text, text, text, text), fence._guard_slow(text, bigint, bigint, text, oid), fence.fire_always(regclass, boolean), fence._pin_condition(name, name), fence._token_floor(), fence._guard_triggers(regclass),
-        fence._owned_table(regclass, text), fence._protectable(regclass), fence._check_token_column(regclass, text, name),
-        fence._floor_from_column(regclass, text, name), fence._drop_guards(regclass, text),
-        fence.lock_key(text), fence.try_lock(text), fence.unlock(text),
-        fence.try_xact_lock(text), fence.version(), fence.token_budget() TO %I', role);
-    FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
-               WHERE p.pronamespace = 'fence'::pg_catalog.regnamespace AND p.proname ~ '^_(guard|rows)_[0-9a-f]{32}$' LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, role);
-    END LOOP;
-    IF operator THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION fence.revoke(text), fence._raise_floor(bigint) TO %I', role);
-    END IF;
-END
-$$;
+-- fence.token_budget() is granted to usage roles by section 5's fence.grant_usage
+-- (the one copy of it in this migration).
 
 -- ---------------------------------------------------------------------------
 -- 3. Refusal counts (issue 31, break 4)
@@ -1105,7 +1068,7 @@ BEGIN
 END
 $$;
 
--- As in section 2 (fence.token_budget), with the functions of section 5.
+-- As in 008, with fence.token_budget() (section 2) and the functions of section 5.
 CREATE OR REPLACE FUNCTION fence.grant_usage(role name, operator boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
