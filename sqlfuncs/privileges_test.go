@@ -282,10 +282,13 @@ func TestApplicationRolePrivileges(t *testing.T) {
 // fence._rows_function), and fence._durable since migration 5
 // (a deferred trigger runs as whoever commits, and it calls
 // fence._force_durable, which application roles may not call); and
-// nothing is executable by PUBLIC. The exception to pinning is the row
+// nothing is executable by PUBLIC. The exceptions to pinning are the row
 // guards (migrations 002 and 003): they run with the writer's rights and
 // qualify every name and operator themselves, which
-// TestGuardsIgnoreAHostileSearchPath checks.
+// TestGuardsIgnoreAHostileSearchPath checks; and since migration 10 three
+// SECURITY DEFINER functions on the hot paths, fence.acquire, fence.release
+// and fence._lock_check, which qualify every name and operator too
+// (TestGrantIgnoresAHostileSearchPath, TestRowGuardIgnoresAHostileSearchPath).
 func TestEveryFunctionPinsSearchPath(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -294,7 +297,9 @@ func TestEveryFunctionPinsSearchPath(t *testing.T) {
 		  FROM pg_proc p
 		 WHERE p.pronamespace = 'fence'::regnamespace
 		   AND (p.proname NOT LIKE '\_%' OR p.prosecdef OR (p.prorettype = 'trigger'::regtype AND p.proname LIKE '\_guard%'))
-		   AND p.oid NOT IN ('fence._guard_row()'::regprocedure, 'fence._guard_use_token()'::regprocedure)
+		   AND p.oid NOT IN ('fence._guard_row()'::regprocedure, 'fence._guard_use_token()'::regprocedure,
+		                     'fence.acquire(text, text, interval, boolean)'::regprocedure, 'fence.release(text, bigint)'::regprocedure,
+		                     'fence._lock_check(text, bigint)'::regprocedure)
 		   AND p.proname !~ '^_guard_[0-9a-f]{32}$'
 		   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)`)
 	require.NoError(t, err)

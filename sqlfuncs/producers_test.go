@@ -135,6 +135,40 @@ func TestProducersCreateRowsOfNeverGrantedResources(t *testing.T) {
 	})
 }
 
+// TestProducersOnATableOfAnotherOwner: fence.allow_producers works for a
+// table owner that is not the kit's owner and has the kit's usage
+// (fence.grant_usage), as fence.protect_rows does. Up to 009 it stopped at
+// "permission denied for function _guard_maker" (42501): grant_usage left
+// out the owner check it calls, which protect_rows calls with the kit
+// owner's rights (migration 10 grants it).
+func TestProducersOnATableOfAnotherOwner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	owner := pgtest.NewRole(t, "tblowner")
+	require.NoError(t, sqlfuncs.GrantUsage(ctx, b.db.Pool, owner, false))
+	b.exec(t, `GRANT CREATE ON SCHEMA public TO `+pgx.Identifier{owner}.Sanitize())
+	conn := roleConn(t, b, owner)
+	_, err := conn.Exec(ctx, `CREATE TABLE own_jobs (id int PRIMARY KEY, payload text, tok bigint)`)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.ProtectRows(ctx, conn, "own_jobs", "id", "job:", "tok"))
+	_, err = conn.Exec(ctx, `INSERT INTO own_jobs (id, payload) VALUES (1, 'x')`)
+	requireCode(t, err, "FN002")
+	require.NoError(t, sqlfuncs.AllowProducers(ctx, conn, "own_jobs", true))
+	_, err = conn.Exec(ctx, `INSERT INTO own_jobs (id, payload) VALUES (1, 'x')`)
+	require.NoError(t, err, "a row of a resource never granted")
+	tok, ok, err := sqlfuncs.Acquire(ctx, conn, "job:2", "w", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = conn.Exec(ctx, `INSERT INTO own_jobs (id, payload) VALUES (2, 'x')`)
+	requireCode(t, err, "FN002")
+	_, err = conn.Exec(ctx, `INSERT INTO own_jobs (id, payload, tok) VALUES (2, 'x', $1)`, tok)
+	require.NoError(t, err)
+	require.NoError(t, sqlfuncs.AllowProducers(ctx, conn, "own_jobs", false))
+	_, err = conn.Exec(ctx, `INSERT INTO own_jobs (id, payload) VALUES (3, 'x')`)
+	requireCode(t, err, "FN002")
+}
+
 // TestProducerRacesTheFirstGrant: a producer's INSERT and the first grant
 // of the same resource, on two sessions, in both orders. A producer whose
 // transaction is open makes the grant wait (the grant then returns and its
