@@ -61,7 +61,7 @@ func ExampleMigrate() {
 		log.Fatal(err)
 	}
 	fmt.Println("version", version, "dirty", dirty)
-	// Output: version 9 dirty false
+	// Output: version 10 dirty false
 }
 
 func ExampleClient_Acquire() {

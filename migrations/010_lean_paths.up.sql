@@ -115,13 +115,18 @@ ALTER FUNCTION fence._check_name(text, text) SET search_path = pg_catalog, pg_te
 ALTER FUNCTION fence._check_ttl(interval) SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION fence._check_token(bigint) SET search_path = pg_catalog, pg_temp;
 
--- As in 009, unpinned and qualified, with the row it locked found again by
--- its ctid: the UPDATE's own scan is a TID scan instead of a second index
--- scan of fence.lease_pkey (the shared tool's grant scenario, seeded: 495 k
--- to 481 k). The InitPlan returns the ctid of the version it locked (under
--- READ COMMITTED the newest, which the UPDATE's snapshot may not see: then
--- the UPDATE writes nothing and the grant falls back to fence._grant,
--- which waits and re-reads as before).
+-- As in 009, unpinned and qualified, with the lease row found by its ctid
+-- after the unlocked read: the InitPlan locks the version the read saw (a
+-- TID scan, its resource compared again, since a pruned TID can hold
+-- another row later), and the UPDATE writes the version the InitPlan
+-- locked (a TID scan too), where 009 scanned fence.lease_pkey twice more
+-- (the shared tool's grant scenario, seeded: 495 k to 481 k for the
+-- UPDATE's scan, 445 k to 434 k for the InitPlan's). When the version the
+-- read saw is no longer the newest (a release, renewal or grant committed
+-- in between) or the newest is not visible to the UPDATE's snapshot, the
+-- TID scans find nothing, the UPDATE writes nothing, and the grant falls
+-- back to fence._grant, which waits and re-reads as before; a row locked
+-- by someone else is skipped (SKIP LOCKED) with the same result.
 CREATE OR REPLACE FUNCTION fence.acquire(resource text, holder text, ttl interval, waiting boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
@@ -135,7 +140,7 @@ DECLARE
     durable pg_catalog.text;  -- assigned, not PERFORMed: see fence._force_durable
 BEGIN
     IF fence._name_ok(resource) AND fence._name_ok(holder) AND fence._ttl_ok(secs) THEN
-        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters INTO r
+        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters, x.ctid AS at INTO r
           FROM fence.epoch_cache c JOIN fence.lease x ON x.resource OPERATOR(pg_catalog.=) resource;
         IF r.live AND (NOT coalesce(waiting, false) OR r.waiters) THEN
             RETURN NULL;  -- live: busy at once, without a lock, as in fence._grant
@@ -157,7 +162,7 @@ BEGIN
                        holder = holder, kind = 'ttl', acquired_at = now,
                        expires_at = now OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => secs), ended_at = NULL,
                        session_pid = NULL, waiters = false
-                 WHERE x.ctid OPERATOR(pg_catalog.=) (SELECT y.ctid FROM fence.lease y WHERE y.resource OPERATOR(pg_catalog.=) resource FOR UPDATE SKIP LOCKED)
+                 WHERE x.ctid OPERATOR(pg_catalog.=) (SELECT y.ctid FROM fence.lease y WHERE y.ctid OPERATOR(pg_catalog.=) r.at AND y.resource OPERATOR(pg_catalog.=) resource FOR UPDATE SKIP LOCKED)
                    AND x.token OPERATOR(pg_catalog.<) ((r.epoch OPERATOR(pg_catalog.<<) 43) OPERATOR(pg_catalog.|)
                                                       (pg_catalog.pg_sequence_last_value('fence.token_counter'::pg_catalog.regclass) OPERATOR(pg_catalog.+) 1))
                    AND NOT fence._live(x, now)

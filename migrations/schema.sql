@@ -1843,7 +1843,7 @@ DECLARE
     durable pg_catalog.text;  -- assigned, not PERFORMed: see fence._force_durable
 BEGIN
     IF fence._name_ok(resource) AND fence._name_ok(holder) AND fence._ttl_ok(secs) THEN
-        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters INTO r
+        SELECT fence._cache_epoch(c) AS epoch, fence._live(x, pg_catalog.clock_timestamp()) AS live, x.waiters, x.ctid AS at INTO r
           FROM fence.epoch_cache c JOIN fence.lease x ON x.resource OPERATOR(pg_catalog.=) resource;
         IF r.live AND (NOT coalesce(waiting, false) OR r.waiters) THEN
             RETURN NULL;  -- live: busy at once, without a lock, as in fence._grant
@@ -1865,7 +1865,7 @@ BEGIN
                        holder = holder, kind = 'ttl', acquired_at = now,
                        expires_at = now OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => secs), ended_at = NULL,
                        session_pid = NULL, waiters = false
-                 WHERE x.ctid OPERATOR(pg_catalog.=) (SELECT y.ctid FROM fence.lease y WHERE y.resource OPERATOR(pg_catalog.=) resource FOR UPDATE SKIP LOCKED)
+                 WHERE x.ctid OPERATOR(pg_catalog.=) (SELECT y.ctid FROM fence.lease y WHERE y.ctid OPERATOR(pg_catalog.=) r.at AND y.resource OPERATOR(pg_catalog.=) resource FOR UPDATE SKIP LOCKED)
                    AND x.token OPERATOR(pg_catalog.<) ((r.epoch OPERATOR(pg_catalog.<<) 43) OPERATOR(pg_catalog.|)
                                                       (pg_catalog.pg_sequence_last_value('fence.token_counter'::pg_catalog.regclass) OPERATOR(pg_catalog.+) 1))
                    AND NOT fence._live(x, now)
