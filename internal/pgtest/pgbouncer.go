@@ -116,6 +116,12 @@ func NewPgBouncerInMode(t testing.TB, serverURL, mode string) *PgBouncer {
 			"default_pool_size = " + strconv.Itoa(PgBouncerPoolSize),
 			"max_client_conn = 500",
 			"ignore_startup_parameters = extra_float_digits",
+			// After a server connection fails (a loaded server refusing
+			// or slow to accept), PgBouncer waits server_login_retry before
+			// it tries again, 15 s by default, holding or refusing the
+			// pool's clients meanwhile (seen here: clients queued 15 s
+			// behind one failed connect); a test's pooler retries after 1 s.
+			"server_login_retry = 1",
 			"logfile = " + b.log,
 			"pidfile = " + filepath.Join(dir, "pgbouncer.pid"),
 			"",
