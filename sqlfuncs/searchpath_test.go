@@ -199,6 +199,11 @@ func TestRowGuardIgnoresAHostileSearchPath(t *testing.T) {
 	require.NoError(t, err)
 	conn := hostileSession(t, b, app)
 
+	// write runs sql on the hostile session in a statement of its own.
+	write := func(sql string, args ...any) error {
+		_, err := conn.Exec(ctx, sql, args...)
+		return err
+	}
 	// registered sets fence.tokens by hand (as fence.use_token would, without
 	// its check) and runs sql in one transaction, rolled back.
 	registered := func(tokens map[string]int64, sql string, args ...any) error {
@@ -220,18 +225,9 @@ func TestRowGuardIgnoresAHostileSearchPath(t *testing.T) {
 		err  error
 		code string
 	}{
-		{"UPDATE, stale token", func() error {
-			_, err := conn.Exec(ctx, `UPDATE hr_col SET tok = $1 WHERE id OPERATOR(pg_catalog.=) 1`, old1)
-			return err
-		}(), sqlfuncs.CodeStaleToken},
-		{"INSERT, stale token", func() error {
-			_, err := conn.Exec(ctx, `INSERT INTO hr_col VALUES (4, 1, $1)`, old1)
-			return err
-		}(), sqlfuncs.CodeStaleToken},
-		{"UPDATE, no token", func() error {
-			_, err := conn.Exec(ctx, `UPDATE hr_col SET id = 5 WHERE id OPERATOR(pg_catalog.=) 2`)
-			return err
-		}(), sqlfuncs.CodeNoToken},
+		{"UPDATE, stale token", write(`UPDATE hr_col SET tok = $1 WHERE id OPERATOR(pg_catalog.=) 1`, old1), sqlfuncs.CodeStaleToken},
+		{"INSERT, stale token", write(`INSERT INTO hr_col VALUES (4, 1, $1)`, old1), sqlfuncs.CodeStaleToken},
+		{"UPDATE, no token", write(`UPDATE hr_col SET id = 5 WHERE id OPERATOR(pg_catalog.=) 2`), sqlfuncs.CodeNoToken},
 		{"DELETE, stale registered token", registered(map[string]int64{"hr:1": old1}, `DELETE FROM hr_col WHERE id OPERATOR(pg_catalog.=) 3`), sqlfuncs.CodeStaleToken},
 		{"DELETE, use_token table, stale", registered(map[string]int64{"hr:1": old1}, `DELETE FROM hr_reg WHERE id OPERATOR(pg_catalog.=) 3`), sqlfuncs.CodeStaleToken},
 		{"INSERT, use_token table, stale", registered(map[string]int64{"hr:1": old1}, `INSERT INTO hr_reg VALUES (4, 1)`), sqlfuncs.CodeStaleToken},
@@ -242,14 +238,8 @@ func TestRowGuardIgnoresAHostileSearchPath(t *testing.T) {
 		requireCode(t, c.err, c.code)
 	}
 	for what, err := range map[string]error{
-		"UPDATE, current token": func() error {
-			_, err := conn.Exec(ctx, `UPDATE hr_col SET tok = $1 WHERE id OPERATOR(pg_catalog.=) 1`, new1)
-			return err
-		}(),
-		"INSERT, current token": func() error {
-			_, err := conn.Exec(ctx, `INSERT INTO hr_col VALUES (4, 1, $1)`, new1)
-			return err
-		}(),
+		"UPDATE, current token":             write(`UPDATE hr_col SET tok = $1 WHERE id OPERATOR(pg_catalog.=) 1`, new1),
+		"INSERT, current token":             write(`INSERT INTO hr_col VALUES (4, 1, $1)`, new1),
 		"DELETE, current registered token":  registered(map[string]int64{"hr:1": new1}, `DELETE FROM hr_col WHERE id OPERATOR(pg_catalog.=) 3`),
 		"UPDATE moving a row, both current": registered(map[string]int64{"hr:1": new1, "hr:2": old2}, `UPDATE hr_reg SET job = 2 WHERE id OPERATOR(pg_catalog.=) 1`),
 		"INSERT, use_token table, current":  registered(map[string]int64{"hr:1": new1}, `INSERT INTO hr_reg VALUES (4, 1)`),
